@@ -1,0 +1,97 @@
+/* AVX2 kernel (AVX2 + FMA + F16C): 8 channels per ymm, fp32 arithmetic. */
+#include "conv_common.h"
+
+#ifdef GDN_HAVE_AVX2
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+typedef __m256 V;
+typedef __m256i R;  /* fp32 bits, or 8 x 16-bit in the low 128 bits */
+#define LANES 8
+
+GDN_INLINE R ld_raw(const char *p, int dt) {
+    return dt == GDN_F32 ? _mm256_loadu_si256((const __m256i *)p)
+                         : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p));
+}
+
+GDN_INLINE void st_raw(char *p, R v, int dt) {
+    if (dt == GDN_F32) _mm256_storeu_si256((__m256i *)p, v);
+    else _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(v));
+}
+
+GDN_INLINE V to_f32(R v, int dt) {
+    if (dt == GDN_F32) return _mm256_castsi256_ps(v);
+    if (dt == GDN_F16) return _mm256_cvtph_ps(_mm256_castsi256_si128(v));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
+}
+
+GDN_INLINE R from_f32(V v, int dt) {
+    if (dt == GDN_F32) return _mm256_castps_si256(v);
+    if (dt == GDN_F16)
+        return _mm256_castsi128_si256(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    /* bf16, round to nearest even on the bits; NaN keeps its sign and top payload, made quiet */
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                     _mm256_and_si256(hi, _mm256_set1_epi32(1))));
+    r = _mm256_srli_epi32(r, 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    /* values fit 16 bits: pack within 128-bit lanes, then gather qwords 0 and 2 */
+    r = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    return r;
+}
+
+GDN_INLINE V vload(const float *p) { return _mm256_loadu_ps(p); }
+GDN_INLINE V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+
+/* silu as in conv_avx512.c; 2^n is applied in two halves so that subnormal
+ * results come out right without scalef, and rcp (2^-12) gets a Newton step
+ * except for bf16 outputs. */
+GDN_INLINE V vsilu(V y, int dt) {
+    const V a = _mm256_max_ps(_mm256_set1_ps(-150.0f),
+                              _mm256_or_ps(y, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
+    const V n = _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(1.44269504f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), a);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    V q;
+    if (dt == GDN_F32) {
+        q = _mm256_fmadd_ps(_mm256_set1_ps(0.008297654800117016f), r, _mm256_set1_ps(0.04191538318991661f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0.16667574644088745f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0.49998894333839417f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0.9999997019767761f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0000001192092896f));
+    } else {
+        q = _mm256_fmadd_ps(_mm256_set1_ps(0.16566841304302216f), r, _mm256_set1_ps(0.5049632787704468f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.0001641511917114f));
+        q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(0.9999280571937561f));
+    }
+    const __m256i ni = _mm256_cvtps_epi32(n);            /* -217..0 */
+    const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const V s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const V s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    const V e = _mm256_mul_ps(_mm256_mul_ps(q, s1), s2);
+    const V d = _mm256_add_ps(e, _mm256_set1_ps(1.0f));
+    V rc = _mm256_rcp_ps(d);
+    if (dt != GDN_BF16) rc = _mm256_fmadd_ps(rc, _mm256_fnmadd_ps(d, rc, _mm256_set1_ps(1.0f)), rc);
+    const V s = _mm256_blendv_ps(rc, _mm256_mul_ps(rc, e), _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LT_OQ));
+    return _mm256_mul_ps(y, s);
+}
+
+#define SIMD_KERNEL gdn_kernel_avx2
+#include "conv_simd_body.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif

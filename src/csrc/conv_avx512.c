@@ -1,0 +1,92 @@
+/* AVX-512 kernel (F/BW/VL/DQ + FMA + F16C): 16 channels per zmm, fp32 arithmetic. */
+#include "conv_common.h"
+
+#ifdef GDN_HAVE_AVX512
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+
+typedef __m512 V;
+typedef __m512i R;  /* fp32 bits, or 16 x 16-bit in the low 256 bits */
+#define LANES 16
+
+GDN_INLINE R ld_raw(const char *p, int dt) {
+    return dt == GDN_F32 ? _mm512_loadu_si512(p) : _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p));
+}
+
+GDN_INLINE void st_raw(char *p, R v, int dt) {
+    if (dt == GDN_F32) _mm512_storeu_si512(p, v);
+    else _mm256_storeu_si256((__m256i *)p, _mm512_castsi512_si256(v));
+}
+
+GDN_INLINE V to_f32(R v, int dt) {
+    if (dt == GDN_F32) return _mm512_castsi512_ps(v);
+    if (dt == GDN_F16) return _mm512_cvtph_ps(_mm512_castsi512_si256(v));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+}
+
+GDN_INLINE R from_f32(V v, int dt) {
+    if (dt == GDN_F32) return _mm512_castps_si512(v);
+    if (dt == GDN_F16)
+        return _mm512_castsi256_si512(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    /* bf16, round to nearest even on the bits; NaN keeps its sign and top payload, made quiet */
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                     _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+    r = _mm512_srli_epi32(r, 16);
+    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), hi, _mm512_set1_epi32(0x40));
+    return _mm512_castsi256_si512(_mm512_cvtepi32_epi16(r));
+}
+
+GDN_INLINE V vload(const float *p) { return _mm512_loadu_ps(p); }
+GDN_INLINE V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+
+/* silu(y) = y * sigmoid(y) with e = exp(-|y|) in (0, 1]: y / (1 + e) for y >= 0,
+ * y * e / (1 + e) below. exp: 2^n * p(r), r = a - n ln2 in [-ln2/2, ln2/2]; p is a
+ * near-minimax polynomial of degree 5 (rel. error 2e-7) for fp32 outputs and of
+ * degree 3 (7.5e-5) for 16-bit ones, whose rounding is 2^-9 (bf16) or 2^-12 (fp16).
+ * scalef produces subnormals and zero correctly; NaN propagates. */
+GDN_INLINE V vsilu(V y, int dt) {
+    const V a = _mm512_max_ps(_mm512_set1_ps(-150.0f),  /* NaN passes: max returns operand 2 */
+                              _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y),
+                                                                  _mm512_set1_epi32((int)0x80000000u))));
+    const V n = _mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), a);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    V q;
+    if (dt == GDN_F32) {
+        q = _mm512_fmadd_ps(_mm512_set1_ps(0.008297654800117016f), r, _mm512_set1_ps(0.04191538318991661f));
+        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.16667574644088745f));
+        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.49998894333839417f));
+        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.9999997019767761f));
+        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0000001192092896f));
+    } else {
+        q = _mm512_fmadd_ps(_mm512_set1_ps(0.16566841304302216f), r, _mm512_set1_ps(0.5049632787704468f));
+        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0001641511917114f));
+        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.9999280571937561f));
+    }
+    const V e = _mm512_scalef_ps(q, n);
+    const V d = _mm512_add_ps(e, _mm512_set1_ps(1.0f));
+    V rc = _mm512_rcp14_ps(d);  /* 2^-14; one Newton step for fp32 */
+    if (dt == GDN_F32) rc = _mm512_fmadd_ps(rc, _mm512_fnmadd_ps(d, rc, _mm512_set1_ps(1.0f)), rc);
+    const V s = _mm512_mask_mul_ps(rc, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ), rc, e);
+    return _mm512_mul_ps(y, s);
+}
+
+#define SIMD_KERNEL gdn_kernel_avx512
+#include "conv_simd_body.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif

@@ -1,0 +1,245 @@
+/* Shared internals: request geometry, dtype conversion, the scalar per-channel core
+ * used by the portable kernel and by the SIMD kernels for channel tails. */
+#ifndef GDNCONV_CONV_COMMON_H
+#define GDNCONV_CONV_COMMON_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "gdnconv/gdnconv.h"
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define GDN_INLINE static __forceinline
+#define GDN_ALIGN64 __declspec(align(64))
+#else
+#define GDN_INLINE static inline __attribute__((always_inline))
+#define GDN_ALIGN64 __attribute__((aligned(64)))
+#endif
+
+/* SIMD kernels are compiled where the compiler can target them from a baseline
+ * build (GCC >= 10 or clang >= 9 on x86-64); elsewhere only the scalar kernel. */
+#if (defined(__x86_64__) || defined(_M_X64)) && \
+    ((defined(__clang__) && __clang_major__ >= 9) || \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define GDN_HAVE_AVX2 1
+#define GDN_HAVE_AVX512 1
+#endif
+
+/* Channels per unit of work (a multiple of 64) and requests per unit. The SIMD
+ * kernels convert the weights of a block once per unit and reuse them for
+ * every request of the unit. */
+#define GDN_BLOCK_CHANNELS 256
+#define GDN_BLOCK_REQUESTS 8
+
+void gdn_kernel_scalar(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+#ifdef GDN_HAVE_AVX2
+void gdn_kernel_avx2(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+#endif
+#ifdef GDN_HAVE_AVX512
+void gdn_kernel_avx512(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+#endif
+
+/* ---- one request ---- */
+typedef struct gdn_request {
+    int skip;        /* pad slot or no tokens: nothing read, nothing written */
+    int64_t T;       /* tokens this step */
+    int64_t off;     /* first window row: num_accepted_tokens - 1, or 0 */
+    const char *x;   /* token 0, channel 0 (byte pointer) */
+    char *out;
+    char *state;     /* slot row 0, channel 0 */
+} gdn_request;
+
+static inline int gdn_elsize(int dtype) { return dtype == GDN_F32 ? 4 : 2; }
+
+static inline int gdn_is_pad(const gdn_params *p, int64_t i) {
+    return p->conv_state_indices && p->conv_state_indices[i] == p->pad_slot_id;
+}
+
+static inline gdn_request gdn_get_request(const gdn_params *p, int64_t i) {
+    gdn_request r;
+    const int64_t e = gdn_elsize(p->dtype);
+    const int64_t slot = p->conv_state_indices ? p->conv_state_indices[i] : i;
+    const int64_t start = p->query_start_loc ? p->query_start_loc[i] : 0;
+    r.T = p->query_start_loc ? p->query_start_loc[i + 1] - start : p->seqlen;
+    r.skip = r.T <= 0 || gdn_is_pad(p, i);
+    r.off = p->num_accepted_tokens ? p->num_accepted_tokens[i] - 1 : 0;
+    r.x = (const char *)p->x + e * (i * p->x_stride_b + start * p->x_stride_t);
+    r.out = (char *)p->out + e * (i * p->out_stride_b + start * p->out_stride_t);
+    r.state = r.skip ? NULL : (char *)p->conv_state + e * slot * p->state_stride_s;
+    return r;
+}
+
+/* ---- dtype conversion on raw bits (uint32 holds fp32 bits or a 16-bit value) ---- */
+static inline float gdn_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t gdn_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float gdn_half_to_float(uint32_t h) {
+    const uint32_t sign = (h & 0x8000u) << 16;
+    const uint32_t o = (h & 0x7fffu) << 13;
+    /* Rescaling the shifted bits by 2^112 is exact for normal and subnormal halves. */
+    uint32_t bits = gdn_f2u(gdn_u2f(o) * 0x1p112f);
+    if ((h & 0x7c00u) == 0x7c00u) bits = o | 0x7f800000u;  /* inf, NaN payload kept */
+    return gdn_u2f(bits | sign);
+}
+
+static inline uint32_t gdn_float_to_half(float x) {  /* round to nearest even */
+    uint32_t f = gdn_f2u(x);
+    const uint32_t sign = f & 0x80000000u;
+    uint32_t o;
+    f ^= sign;
+    if (f >= 0x47800000u) {                 /* overflow, inf or NaN */
+        o = f > 0x7f800000u ? 0x7e00u | ((f >> 13) & 0x3ffu) : 0x7c00u;
+    } else if (f < 0x38800000u) {           /* subnormal or zero: let the FPU round */
+        o = gdn_f2u(gdn_u2f(f) + 0.5f) - 0x3f000000u;
+    } else {
+        const uint32_t odd = (f >> 13) & 1u;
+        o = (f + 0xc8000fffu + odd) >> 13;  /* rebias exponent (15 - 127) << 23, round */
+    }
+    return o | (sign >> 16);
+}
+
+static inline uint32_t gdn_float_to_bf16(float x) {  /* round to nearest even */
+    const uint32_t u = gdn_f2u(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;  /* NaN stays NaN */
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+GDN_INLINE uint32_t gdn_load_raw(const void *base, int64_t idx, int dt) {
+    return dt == GDN_F32 ? ((const uint32_t *)base)[idx] : ((const uint16_t *)base)[idx];
+}
+
+GDN_INLINE void gdn_store_raw(void *base, int64_t idx, uint32_t v, int dt) {
+    if (dt == GDN_F32) ((uint32_t *)base)[idx] = v;
+    else ((uint16_t *)base)[idx] = (uint16_t)v;
+}
+
+GDN_INLINE float gdn_raw_to_float(uint32_t v, int dt) {
+    return dt == GDN_F32 ? gdn_u2f(v) : dt == GDN_BF16 ? gdn_u2f(v << 16) : gdn_half_to_float(v);
+}
+
+GDN_INLINE uint32_t gdn_float_to_raw(float f, int dt) {
+    return dt == GDN_F32 ? gdn_f2u(f) : dt == GDN_BF16 ? gdn_float_to_bf16(f) : gdn_float_to_half(f);
+}
+
+/* silu(y) = y * sigmoid(y), written with e = exp(-|y|) so nothing overflows. */
+static inline float gdn_silu(float y) {
+    const float e = expf(-fabsf(y));
+    const float s = y >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    return y * s;
+}
+
+/* Weights and bias of channels [c0, c0 + n) as fp32, tap-major: w[k * ld + c]. */
+GDN_INLINE void gdn_fill_weights(const gdn_params *p, int64_t c0, int64_t n, float *w,
+                                 int64_t ld, float *b, int wdt) {
+    const int64_t W = p->width;
+    for (int64_t c = 0; c < n; c++) {
+        const int64_t row = (c0 + c) * p->weight_stride_d;
+        for (int64_t k = 0; k < W; k++)
+            w[k * ld + c] = gdn_raw_to_float(gdn_load_raw(p->weight, row + k * p->weight_stride_w, wdt), wdt);
+        b[c] = p->bias ? gdn_raw_to_float(gdn_load_raw(p->bias, (c0 + c) * p->bias_stride, wdt), wdt) : 0.0f;
+    }
+}
+
+/* Same, with the weight dtype resolved at run time (once per unit of work). */
+static inline void gdn_fill_weights_any(const gdn_params *p, int64_t c0, int64_t n, float *w,
+                                        int64_t ld, float *b) {
+    if (p->weight_dtype == GDN_F32) gdn_fill_weights(p, c0, n, w, ld, b, GDN_F32);
+    else if (p->weight_dtype == GDN_F16) gdn_fill_weights(p, c0, n, w, ld, b, GDN_F16);
+    else gdn_fill_weights(p, c0, n, w, ld, b, GDN_BF16);
+}
+
+static inline void gdn_fill_bias(const gdn_params *p, int64_t c0, int64_t n, float *b) {
+    for (int64_t c = 0; c < n; c++)
+        b[c] = p->bias ? gdn_raw_to_float(gdn_load_raw(p->bias, (c0 + c) * p->bias_stride, p->weight_dtype),
+                                          p->weight_dtype)
+                       : 0.0f;
+}
+
+#define GDN_SCALAR_CHUNK 64
+
+/* The portable core: request r, channels [c0, c1), any strides. Channel loops are
+ * innermost so the compiler can vectorise them. Reads the whole history window
+ * before the first state write, holds the last W-1 tokens (raw bits) in a ring,
+ * and writes out[t] only after x[t] is read, so out may be x. */
+GDN_INLINE void gdn_scalar_core(const gdn_params *p, const gdn_request *r, int64_t c0,
+                                int64_t c1, int dt, int wdt) {
+    const int64_t W = p->width, H = W - 1, T = r->T;
+    const int64_t sd = p->state_stride_d, sl = p->state_stride_l;
+    const int64_t xd = p->x_stride_d, xt = p->x_stride_t, od = p->out_stride_d, ot = p->out_stride_t;
+    const int64_t e = gdn_elsize(dt);
+    float w[GDN_MAX_WIDTH][GDN_SCALAR_CHUNK], b[GDN_SCALAR_CHUNK];
+    float hf[GDN_MAX_WIDTH - 1][GDN_SCALAR_CHUNK];     /* ring of the last H inputs */
+    uint32_t hr[GDN_MAX_WIDTH - 1][GDN_SCALAR_CHUNK];  /* same, raw bits */
+    float acc[GDN_SCALAR_CHUNK];
+
+    for (int64_t cb = c0; cb < c1; cb += GDN_SCALAR_CHUNK) {
+        const int64_t n = c1 - cb < GDN_SCALAR_CHUNK ? c1 - cb : GDN_SCALAR_CHUNK;
+        char *st = r->state + e * cb * sd;      /* [L, D] at channel cb */
+        const char *xs = r->x + e * cb * xd;    /* [T, D] */
+        char *os = r->out + e * cb * od;        /* [T, D] */
+        gdn_fill_weights(p, cb, n, &w[0][0], GDN_SCALAR_CHUNK, b, wdt);
+        for (int64_t k = 0; k < H; k++) {
+            const char *row = st + e * (r->off + k) * sl;
+            for (int64_t c = 0; c < n; c++) {
+                hr[k][c] = gdn_load_raw(row, c * sd, dt);
+                hf[k][c] = gdn_raw_to_float(hr[k][c], dt);
+            }
+        }
+        if (p->num_accepted_tokens) /* spec roll: rows 0..W-3 <- window rows 1..W-2 */
+            for (int64_t k = 0; k + 1 < H; k++)
+                for (int64_t c = 0; c < n; c++) gdn_store_raw(st + e * k * sl, c * sd, hr[k + 1][c], dt);
+        int64_t head = 0;  /* ring slot of the oldest window input */
+        for (int64_t t = 0; t < T; t++) {
+            const char *xrow = xs + e * t * xt;
+            uint32_t *xr = hr[head];
+            float *xf = hf[head];
+            for (int64_t c = 0; c < n; c++) acc[c] = b[c];
+            for (int64_t k = 0; k < H; k++) {
+                const float *h = hf[(head + k) % H];
+                for (int64_t c = 0; c < n; c++) acc[c] += w[k][c] * h[c];
+            }
+            /* the oldest input is no longer needed: its ring slot takes x[t] */
+            for (int64_t c = 0; c < n; c++) {
+                xr[c] = gdn_load_raw(xrow, c * xd, dt);
+                xf[c] = gdn_raw_to_float(xr[c], dt);
+                acc[c] += w[H][c] * xf[c];
+            }
+            char *orow = os + e * t * ot;
+            if (p->silu)
+                for (int64_t c = 0; c < n; c++) gdn_store_raw(orow, c * od, gdn_float_to_raw(gdn_silu(acc[c]), dt), dt);
+            else
+                for (int64_t c = 0; c < n; c++) gdn_store_raw(orow, c * od, gdn_float_to_raw(acc[c], dt), dt);
+            if (p->num_accepted_tokens) {
+                char *srow = st + e * (W - 2 + t) * sl;
+                for (int64_t c = 0; c < n; c++) gdn_store_raw(srow, c * sd, xr[c], dt);
+            }
+            head = head + 1 == H ? 0 : head + 1;
+        }
+        if (!p->num_accepted_tokens) /* plain roll: rows 0..W-2 <- last W-1 inputs */
+            for (int64_t k = 0; k < H; k++) {
+                const uint32_t *h = hr[(head + k) % H];
+                for (int64_t c = 0; c < n; c++) gdn_store_raw(st + e * k * sl, c * sd, h[c], dt);
+            }
+    }
+}
+
+/* Dispatch the scalar core on the (dtype, weight dtype) pair so each instance is
+ * compiled with constants. */
+static inline void gdn_scalar_range(const gdn_params *p, const gdn_request *r, int64_t c0, int64_t c1) {
+    if (c0 >= c1) return;
+    const int wf32 = p->weight_dtype == GDN_F32;
+    switch (p->dtype) {
+    case GDN_F32: gdn_scalar_core(p, r, c0, c1, GDN_F32, GDN_F32); break;
+    case GDN_F16:
+        if (wf32) gdn_scalar_core(p, r, c0, c1, GDN_F16, GDN_F32);
+        else gdn_scalar_core(p, r, c0, c1, GDN_F16, GDN_F16);
+        break;
+    default:
+        if (wf32) gdn_scalar_core(p, r, c0, c1, GDN_BF16, GDN_F32);
+        else gdn_scalar_core(p, r, c0, c1, GDN_BF16, GDN_BF16);
+        break;
+    }
+}
+
+#endif

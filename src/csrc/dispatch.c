@@ -1,0 +1,139 @@
+/* The dispatcher: ISA table, validation of index arrays, and the one parallel loop. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "conv_common.h"
+
+typedef struct {
+    const char *name;
+    int (*supported)(const gdn_cpu_features *f);
+    gdn_kernel_fn kernel;
+} gdn_isa_entry;
+
+#ifdef GDN_HAVE_AVX512
+static int avx512_ok(const gdn_cpu_features *f) {
+    return f->os_avx512 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->fma && f->f16c;
+}
+#endif
+#ifdef GDN_HAVE_AVX2
+static int avx2_ok(const gdn_cpu_features *f) { return f->os_avx && f->avx2 && f->fma && f->f16c; }
+#endif
+static int scalar_ok(const gdn_cpu_features *f) { (void)f; return 1; }
+
+/* Best first; the first supported entry is the default. */
+static const gdn_isa_entry isa_table[] = {
+#ifdef GDN_HAVE_AVX512
+    {"avx512", avx512_ok, gdn_kernel_avx512},
+#endif
+#ifdef GDN_HAVE_AVX2
+    {"avx2", avx2_ok, gdn_kernel_avx2},
+#endif
+    {"scalar", scalar_ok, gdn_kernel_scalar},
+};
+#define ISA_COUNT ((int)(sizeof(isa_table) / sizeof(isa_table[0])))
+
+static int active_isa = ISA_COUNT - 1;
+
+int gdn_isa_count(void) { return ISA_COUNT; }
+const char *gdn_isa_name(int i) { return i >= 0 && i < ISA_COUNT ? isa_table[i].name : NULL; }
+int gdn_isa_supported(int i) {
+    return i >= 0 && i < ISA_COUNT && isa_table[i].supported(gdn_get_cpu_features());
+}
+const char *gdn_active_isa(void) { return isa_table[active_isa].name; }
+
+int gdn_select_isa(const char *name) {
+    for (int i = 0; i < ISA_COUNT; i++) {
+        if (name ? strcmp(name, isa_table[i].name) != 0 : !gdn_isa_supported(i)) continue;
+        if (!gdn_isa_supported(i)) return -2;
+        active_isa = i;
+        return 0;
+    }
+    return -1;
+}
+
+int gdn_validate(const gdn_params *p, int64_t num_tokens, int64_t *bad_index, int64_t *bad_value) {
+    const int32_t *qsl = p->query_start_loc, *idx = p->conv_state_indices, *nat = p->num_accepted_tokens;
+    const int64_t B = p->batch, S = p->num_slots, W = p->width, L = p->state_len;
+#define FAIL(code, i, v) do { *bad_index = (i); *bad_value = (v); rc = (code); goto done; } while (0)
+    int rc = GDN_OK;
+    uint64_t stack_bits[1024], *bits = stack_bits;
+    const int64_t words = (S + 63) / 64;
+    if (idx && words > 1024) {
+        bits = (uint64_t *)calloc((size_t)words, sizeof(uint64_t));
+        if (!bits) return GDN_ERR_NO_MEMORY;
+    } else if (idx) {
+        memset(bits, 0, (size_t)words * sizeof(uint64_t));
+    }
+    if (qsl) {
+        if (qsl[0] != 0) FAIL(GDN_ERR_QSL_START, 0, qsl[0]);
+        for (int64_t j = 1; j <= B; j++)
+            if (qsl[j] < qsl[j - 1]) FAIL(GDN_ERR_QSL_ORDER, j, qsl[j]);
+        if (qsl[B] != num_tokens) FAIL(GDN_ERR_QSL_END, B, qsl[B]);
+    }
+    for (int64_t i = 0; i < B; i++) {
+        if (gdn_is_pad(p, i)) continue;
+        if (idx) {
+            const int64_t s = idx[i];
+            if (s < 0 || s >= S) FAIL(GDN_ERR_SLOT_RANGE, i, s);
+            if ((bits[s >> 6] >> (s & 63)) & 1u) FAIL(GDN_ERR_SLOT_DUPLICATE, i, s);
+            bits[s >> 6] |= 1ull << (s & 63);
+        }
+        if (nat) {
+            const int64_t T = qsl ? qsl[i + 1] - qsl[i] : p->seqlen;
+            if (nat[i] < 1 || nat[i] - 1 + W - 1 > L) FAIL(GDN_ERR_ACCEPTED_RANGE, i, nat[i]);
+            if (W - 2 + T > L) FAIL(GDN_ERR_SPEC_TOKENS, i, T);
+        }
+    }
+done:
+    if (bits != stack_bits) free(bits);
+    return rc;
+#undef FAIL
+}
+
+int64_t gdn_bytes_moved(const gdn_params *p) {
+    const int64_t W = p->width;
+    int64_t rows = 0;
+    for (int64_t i = 0; i < p->batch; i++) {
+        const gdn_request r = gdn_get_request(p, i);
+        if (!r.skip) rows += r.T + r.T + (W - 1) + (W - 2 + r.T);
+    }
+    return rows * p->dim * gdn_elsize(p->dtype) + p->dim * W * gdn_elsize(p->weight_dtype);
+}
+
+/* Below this many bytes a call runs on the calling thread: a parallel region
+ * costs more than it saves (see scripts/bench_threshold.py). */
+#define GDN_PARALLEL_MIN_BYTES (192 * 1024)
+
+static void run_unit(const gdn_params *p, gdn_kernel_fn kernel, int64_t u, int64_t groups) {
+    const int64_t c0 = (u / groups) * GDN_BLOCK_CHANNELS, r0 = (u % groups) * GDN_BLOCK_REQUESTS;
+    const int64_t c1 = c0 + GDN_BLOCK_CHANNELS < p->dim ? c0 + GDN_BLOCK_CHANNELS : p->dim;
+    const int64_t r1 = r0 + GDN_BLOCK_REQUESTS < p->batch ? r0 + GDN_BLOCK_REQUESTS : p->batch;
+    kernel(p, r0, r1, c0, c1);
+    if (!p->zero_skipped) return;
+    const int e = gdn_elsize(p->dtype);
+    for (int64_t i = r0; i < r1; i++) {
+        if (!gdn_is_pad(p, i)) continue;
+        const gdn_request r = gdn_get_request(p, i);
+        for (int64_t t = 0; t < r.T; t++) {
+            char *row = r.out + (int64_t)e * t * p->out_stride_t;
+            for (int64_t c = c0; c < c1; c++) gdn_store_raw(row, c * p->out_stride_d, 0, p->dtype);
+        }
+    }
+}
+
+void gdn_run(const gdn_params *p, int num_threads) {
+    const int unit_stride = p->x_stride_d == 1 && p->out_stride_d == 1 && p->state_stride_d == 1;
+    const gdn_kernel_fn kernel = unit_stride ? isa_table[active_isa].kernel : gdn_kernel_scalar;
+    const int64_t groups = (p->batch + GDN_BLOCK_REQUESTS - 1) / GDN_BLOCK_REQUESTS;
+    const int64_t units = groups * ((p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS);
+    if (num_threads > units) num_threads = (int)units;
+    if (num_threads > 1 && gdn_bytes_moved(p) < GDN_PARALLEL_MIN_BYTES) num_threads = 1;
+#ifdef _OPENMP
+    if (num_threads > 1) {
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+        for (int64_t u = 0; u < units; u++) run_unit(p, kernel, u, groups);
+        return;
+    }
+#endif
+    for (int64_t u = 0; u < units; u++) run_unit(p, kernel, u, groups);
+}

@@ -1,0 +1,39 @@
+"""gdnconv: the CPU kernel for the short causal convolution of Gated DeltaNet and
+Mamba-style layers (Qwen3-Next, Qwen3.5, Mamba2, ...) in decoding and speculative
+decoding. ``conv_update_multi`` follows vLLM's ``causal_conv1d_update``.
+
+The kernel (``scalar``, ``avx2``, ``avx512``) is chosen once at import: the best one
+this CPU supports, or the one named by the ``GDNCONV_ISA`` environment variable.
+"""
+import os as _os
+
+__version__ = "0.1.0"
+
+from ._core import (  # noqa: E402
+    active_isa,
+    available_isas,
+    bytes_moved,
+    compiled_isas,
+    conv_update_multi,
+    cpu_features,
+    get_num_threads,
+    pack_weight,
+    set_isa,
+    set_num_threads,
+)
+
+__all__ = [
+    "conv_update_multi", "pack_weight", "bytes_moved", "set_num_threads", "get_num_threads",
+    "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa", "__version__",
+]
+
+
+def _select_isa_from_env():
+    name = _os.environ.get("GDNCONV_ISA", "").strip()
+    try:
+        set_isa(name or None)
+    except ValueError as e:
+        raise ImportError(f"GDNCONV_ISA={name!r} cannot be used: {e}") from None
+
+
+_select_isa_from_env()

@@ -1,0 +1,692 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Cython layer over the C kernels.
+
+Design:
+- Arrays are read as (pointer, shape, byte strides, dtype code) through the NumPy C
+  API, or through ``data_ptr()``/``stride()`` for torch tensors: NumPy cannot export
+  ml_dtypes.bfloat16 through the buffer protocol and torch has none, so typed
+  memoryviews are not used. torch is never imported here; a tensor is recognised
+  only when the caller has imported torch already.
+- Every check of SPEC's error list runs before ``gdn_run``; the index arrays are
+  checked in C (``gdn_validate``) in one pass. Nothing is written before that.
+- ``conv_state`` and ``out`` are never copied. ``x`` is copied only when its
+  channels are not contiguous and ``out`` is not ``x`` (so the SIMD path applies).
+- The GIL is released around ``gdn_run``; threads start only inside it.
+"""
+import os
+import sys
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t, uintptr_t
+
+cnp.import_array()
+
+cdef extern from "numpy/ndarraytypes.h":
+    enum:
+        NPY_USERDEF
+
+cdef extern from "gdnconv/gdnconv.h" nogil:
+    enum:
+        GDN_F32
+        GDN_F16
+        GDN_BF16
+        GDN_MIN_WIDTH
+        GDN_MAX_WIDTH
+        GDN_OK
+        GDN_ERR_SLOT_RANGE
+        GDN_ERR_SLOT_DUPLICATE
+        GDN_ERR_ACCEPTED_RANGE
+        GDN_ERR_SPEC_TOKENS
+        GDN_ERR_QSL_START
+        GDN_ERR_QSL_ORDER
+        GDN_ERR_QSL_END
+        GDN_ERR_NO_MEMORY
+    ctypedef struct gdn_params:
+        int64_t batch, dim, width, state_len, num_slots, seqlen, pad_slot_id
+        int dtype, weight_dtype, silu, zero_skipped
+        const void *x
+        int64_t x_stride_b, x_stride_t, x_stride_d
+        void *out
+        int64_t out_stride_b, out_stride_t, out_stride_d
+        void *conv_state
+        int64_t state_stride_s, state_stride_l, state_stride_d
+        const void *weight
+        int64_t weight_stride_d, weight_stride_w
+        const void *bias
+        int64_t bias_stride
+        const int32_t *conv_state_indices
+        const int32_t *num_accepted_tokens
+        const int32_t *query_start_loc
+    ctypedef struct gdn_cpu_features:
+        int sse2, avx, avx2, fma, f16c
+        int avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, avx512_fp16
+        int amx_tile, amx_bf16, amx_int8
+        int os_avx, os_avx512, os_amx
+    const gdn_cpu_features *gdn_get_cpu_features()
+    int gdn_isa_count()
+    const char *gdn_isa_name(int i)
+    int gdn_isa_supported(int i)
+    int gdn_select_isa(const char *name)
+    const char *gdn_active_isa()
+    int gdn_validate(const gdn_params *p, int64_t num_tokens, int64_t *bad_index,
+                     int64_t *bad_value)
+    int64_t gdn_bytes_moved(const gdn_params *p)
+    void gdn_run(const gdn_params *p, int num_threads)
+
+
+# ---------------------------------------------------------------- array views
+
+cdef enum:
+    KIND_OTHER = -1      # dtype code for anything that is not fp32/fp16/bf16
+
+cdef struct View:
+    char *ptr
+    int ndim
+    int64_t shape[3]
+    int64_t strides[3]   # in elements
+    int dtype            # GDN_F32 / GDN_F16 / GDN_BF16 / KIND_OTHER
+    int itemsize
+    bint writeable
+    bint torch
+
+cdef int _bf16_typenum = -1
+cdef object _torch = None          # the torch module, once a tensor has been seen
+cdef dict _torch_dtypes = {}       # torch dtype -> gdn dtype code
+
+
+cdef inline bint _is_tensor(object a):
+    global _torch
+    if _torch is None:
+        mod = sys.modules.get("torch")
+        if mod is None:
+            return False
+        _torch = mod
+        _torch_dtypes.update({mod.float32: GDN_F32, mod.float16: GDN_F16, mod.bfloat16: GDN_BF16})
+    return isinstance(a, _torch.Tensor)
+
+
+cdef int _numpy_dtype_code(cnp.ndarray a):
+    global _bf16_typenum
+    cdef int num = cnp.PyArray_TYPE(a)
+    if num == cnp.NPY_FLOAT32:
+        return GDN_F32
+    if num == cnp.NPY_FLOAT16:
+        return GDN_F16
+    if num == _bf16_typenum:
+        return GDN_BF16
+    if num >= NPY_USERDEF and a.dtype.name == "bfloat16" and a.dtype.itemsize == 2:
+        _bf16_typenum = num
+        return GDN_BF16
+    return KIND_OTHER
+
+
+cdef str _dtype_name(object a):
+    if _is_tensor(a):
+        return str(a.dtype).replace("torch.", "")
+    return str(a.dtype)
+
+
+cdef int _view(object a, View *v, str name) except -1:
+    """Fill v from a NumPy array or a torch CPU tensor (no copy)."""
+    cdef cnp.ndarray arr
+    cdef int i
+    cdef int64_t size
+    if cnp.PyArray_Check(a):
+        arr = <cnp.ndarray>a
+        v.ndim = cnp.PyArray_NDIM(arr)
+        if v.ndim > 3:
+            raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(a.shape)}")
+        v.ptr = <char *>cnp.PyArray_DATA(arr)
+        v.itemsize = <int>cnp.PyArray_ITEMSIZE(arr)
+        v.dtype = _numpy_dtype_code(arr)
+        v.writeable = cnp.PyArray_ISWRITEABLE(arr)
+        v.torch = False
+        for i in range(v.ndim):
+            v.shape[i] = cnp.PyArray_DIMS(arr)[i]
+            if cnp.PyArray_STRIDES(arr)[i] % v.itemsize:
+                raise ValueError(f"{name} has strides {a.strides} that are not multiples of "
+                                 f"its item size {v.itemsize}")
+            v.strides[i] = cnp.PyArray_STRIDES(arr)[i] // v.itemsize
+    elif _is_tensor(a):
+        if a.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
+        if a.is_neg() or a.is_conj():
+            raise ValueError(f"{name} has a pending negation/conjugation bit; call .resolve_neg() "
+                             f"or .resolve_conj() first")
+        v.ndim = a.dim()
+        if v.ndim > 3:
+            raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(a.shape)}")
+        v.ptr = <char *><uintptr_t>a.data_ptr()
+        v.itemsize = a.element_size()
+        v.dtype = _torch_dtypes.get(a.dtype, KIND_OTHER)
+        v.writeable = True
+        v.torch = True
+        shape = a.shape
+        strides = a.stride()
+        for i in range(v.ndim):
+            v.shape[i] = shape[i]
+            v.strides[i] = strides[i]
+    else:
+        raise TypeError(f"{name} must be a numpy.ndarray or a torch.Tensor, got {type(a).__name__}")
+    size = 1
+    for i in range(v.ndim):
+        size *= v.shape[i]
+    if size and (<uintptr_t>v.ptr) % v.itemsize:
+        raise ValueError(f"{name} data is not aligned to its item size {v.itemsize}")
+    return 0
+
+
+cdef inline void _extent(const View *v, uintptr_t *lo, uintptr_t *hi):
+    """Byte range [lo, hi) that v may touch; lo == hi when v is empty."""
+    cdef int i
+    cdef int64_t low = 0, high = 0
+    for i in range(v.ndim):
+        if v.shape[i] == 0:
+            lo[0] = hi[0] = 0
+            return
+        if v.strides[i] < 0:
+            low += (v.shape[i] - 1) * v.strides[i]
+        else:
+            high += (v.shape[i] - 1) * v.strides[i]
+    lo[0] = <uintptr_t>(v.ptr + low * v.itemsize)
+    hi[0] = <uintptr_t>(v.ptr + (high + 1) * v.itemsize)
+
+
+class _RawArray:
+    """A NumPy view of raw memory, for the exact overlap test."""
+    def __init__(self, ptr, shape, strides, itemsize):
+        self.__array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": f"<u{itemsize}",
+                                    "strides": tuple(s * itemsize for s in strides), "version": 3}
+
+
+cdef object _raw(const View *v):
+    return np.asarray(_RawArray(<uintptr_t>v.ptr, tuple(v.shape[i] for i in range(v.ndim)),
+                                tuple(v.strides[i] for i in range(v.ndim)), v.itemsize))
+
+
+cdef bint _overlap(const View *a, const View *b):
+    cdef uintptr_t alo, ahi, blo, bhi
+    _extent(a, &alo, &ahi)
+    _extent(b, &blo, &bhi)
+    if alo == ahi or blo == bhi or ahi <= blo or bhi <= alo:
+        return False
+    # extents overlap: interleaved views (two slices of one fused buffer) may still be disjoint
+    return np.shares_memory(_raw(a), _raw(b))
+
+
+cdef bint _same_view(const View *a, const View *b):
+    cdef int i
+    if a.ptr != b.ptr or a.ndim != b.ndim:
+        return False
+    for i in range(a.ndim):
+        if a.shape[i] != b.shape[i] or (a.shape[i] > 1 and a.strides[i] != b.strides[i]):
+            return False
+    return True
+
+
+cdef object _index_array(object a, str name, int64_t n, View *v):
+    """(n,) int32 view of an index argument; returns the object that owns the memory."""
+    if _is_tensor(a):
+        if a.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
+        a = a.numpy()
+    elif not cnp.PyArray_Check(a):
+        a = np.asarray(a)
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    if cnp.PyArray_NDIM(arr) != 1 or cnp.PyArray_DIMS(arr)[0] != n:
+        raise ValueError(f"{name} must have shape ({n},), got {a.shape}")
+    if not (cnp.PyArray_ISINTEGER(arr) and not cnp.PyArray_ISBOOL(arr)):
+        raise TypeError(f"{name} must be an integer array (int32), got dtype {a.dtype}")
+    if cnp.PyArray_TYPE(arr) != cnp.NPY_INT32 or not cnp.PyArray_ISCARRAY_RO(arr):
+        if n and (a.min() < -2**31 or a.max() >= 2**31):
+            raise ValueError(f"{name} has values outside the int32 range: min {a.min()}, max {a.max()}")
+        arr = np.ascontiguousarray(a, dtype=np.int32)
+    v.ptr = <char *>cnp.PyArray_DATA(arr)
+    v.ndim = 1
+    v.shape[0] = n
+    v.strides[0] = 1
+    v.itemsize = 4
+    return arr
+
+
+# ------------------------------------------------------------- thread setting
+
+def _affinity_count():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _default_num_threads():
+    n = _affinity_count()
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if env.isdigit() and int(env) > 0:
+        return min(int(env), n)
+    return n
+
+
+cdef int _num_threads = _default_num_threads()
+
+
+cdef int _check_threads(object n, str name) except -1:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"{name} must be a positive integer, got {n!r}")
+    return min(int(n), _affinity_count())
+
+
+def set_num_threads(n):
+    """Set how many threads later calls may use (at most the process's CPU affinity).
+
+    The default follows ``OMP_NUM_THREADS`` when set, else the CPUs this process may
+    run on. Small calls always run on the calling thread. Raises ValueError for
+    anything but a positive integer.
+    """
+    global _num_threads
+    _num_threads = _check_threads(n, "n")
+
+
+def get_num_threads():
+    """Threads a call may use: the ``set_num_threads`` value, else the default."""
+    return _num_threads
+
+
+# ------------------------------------------------------------------------ ISA
+
+def cpu_features():
+    """Dict of the x86 features gdnconv detects (cpuid + xgetbv); all False elsewhere.
+
+    ``os_avx``/``os_avx512``/``os_amx`` say whether the OS saves that register state
+    (XCR0), without which the instructions cannot be used.
+    """
+    cdef const gdn_cpu_features *f = gdn_get_cpu_features()
+    return {"sse2": bool(f.sse2), "avx": bool(f.avx), "avx2": bool(f.avx2), "fma": bool(f.fma),
+            "f16c": bool(f.f16c), "avx512f": bool(f.avx512f), "avx512bw": bool(f.avx512bw),
+            "avx512vl": bool(f.avx512vl), "avx512dq": bool(f.avx512dq),
+            "avx512_bf16": bool(f.avx512_bf16), "avx512_fp16": bool(f.avx512_fp16),
+            "amx_tile": bool(f.amx_tile), "amx_bf16": bool(f.amx_bf16), "amx_int8": bool(f.amx_int8),
+            "os_avx": bool(f.os_avx), "os_avx512": bool(f.os_avx512), "os_amx": bool(f.os_amx)}
+
+
+def compiled_isas():
+    """Kernel names compiled into this build, best first (``scalar`` is always last)."""
+    return [gdn_isa_name(i).decode() for i in range(gdn_isa_count())]
+
+
+def available_isas():
+    """Kernel names this build has and this CPU supports, best first."""
+    return [gdn_isa_name(i).decode() for i in range(gdn_isa_count()) if gdn_isa_supported(i)]
+
+
+def active_isa():
+    """Name of the kernel calls use now (``GDNCONV_ISA`` or the best available)."""
+    return gdn_active_isa().decode()
+
+
+def set_isa(name=None):
+    """Use kernel ``name`` (None: the best available) for later calls; returns the previous name.
+
+    Raises ValueError when ``name`` is unknown or this CPU (or build) lacks it.
+    """
+    previous = active_isa()
+    rc = gdn_select_isa(NULL) if name is None else gdn_select_isa(str(name).encode())
+    if rc == -1:
+        raise ValueError(f"unknown ISA {name!r}: this build knows {compiled_isas()}")
+    if rc == -2:
+        raise ValueError(f"ISA {name!r} is not supported by this CPU: available are {available_isas()}")
+    return previous
+
+
+# ------------------------------------------------------------------- the call
+
+cdef int _dtype_of(const View *v, object a, str name) except -1:
+    if v.dtype == KIND_OTHER:
+        raise TypeError(f"{name} has unsupported dtype {_dtype_name(a)}: use float32, float16 or "
+                        f"bfloat16 (ml_dtypes.bfloat16 for NumPy)")
+    return v.dtype
+
+
+cdef object _new_like(object x, const View *xv):
+    """A C-contiguous array or tensor of x's shape and dtype (uninitialised)."""
+    cdef cnp.npy_intp dims[3]
+    cdef int i
+    if xv.torch:
+        return _torch.empty(tuple(x.shape), dtype=x.dtype)
+    for i in range(xv.ndim):
+        dims[i] = xv.shape[i]
+    return cnp.PyArray_EMPTY(xv.ndim, dims, cnp.PyArray_TYPE(<cnp.ndarray>x), 0)
+
+
+def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
+                      num_accepted_tokens=None, conv_state_indices=None, query_start_loc=None,
+                      pad_slot_id=-1, out=None, num_threads=None):
+    """Causal conv1d decode/speculative update with a rolling per-slot state.
+
+    Semantics follow vLLM's ``causal_conv1d_update`` (CPU and Triton paths) as
+    specified in gdnconv's SPEC: for request ``i`` with slot ``s`` and tokens ``x_i``
+    (``T_i`` rows) the window is ``concat(conv_state[s, off:off+W-1], x_i)`` with
+    ``off = num_accepted_tokens[i] - 1`` (speculative mode) or 0 (plain decode) and
+    ``out[t, d] = act(bias[d] + sum_k weight[d, k] * window[t + k, d])``, accumulated
+    in float32 and rounded once (round-to-nearest-even) to the output dtype.
+
+    State roll, plain mode: ``conv_state[s, :W-1]`` keeps the last ``W-1`` rows of the
+    window. Speculative mode: ``conv_state[s, :W-2] <- conv_state[s, off+1:off+W-1]``
+    and ``conv_state[s, W-2:W-2+T_i] <- x_i``; later rows are untouched. The roll is a
+    bit-exact copy (NaN payloads included).
+
+    Args:
+        x: ``(B, T, D)`` tokens; ``(N, D)`` with ``query_start_loc`` (varlen); or
+            ``(B, D)``, one token per request. float32, float16 or bfloat16
+            (``ml_dtypes.bfloat16`` for NumPy), any strides. Read only.
+        conv_state: ``(S, L, D)`` state, updated in place (never copied), same dtype
+            as ``x``. Any strides; channels contiguous is the fast path, and vLLM's
+            ``L``-contiguous layout passed as a transposed view works too.
+        weight: ``(D, W)`` taps, ``2 <= W <= 8``; same dtype as ``x`` or float32.
+        bias: ``(D,)`` of ``weight``'s dtype, or None.
+        activation: None, ``"silu"`` or ``"swish"`` (same as silu).
+        num_accepted_tokens: ``(B,)`` integer, accepted tokens of the previous step
+            per request (``1 <= n <= L - W + 2``); None for plain decode.
+        conv_state_indices: ``(B,)`` integer slot per request; default ``arange(B)``.
+            A request whose slot equals ``pad_slot_id`` is skipped entirely.
+        query_start_loc: ``(B + 1,)`` integer offsets of each request's rows in a 2-D
+            ``x`` (starts at 0, non-decreasing, ends at ``N``); ``T_i`` may be 0.
+        pad_slot_id: slot value that marks padding (default -1).
+        out: optional array of ``x``'s shape and dtype to write into; may be ``x``
+            itself. Rows of skipped requests are left as they were (zeros in a newly
+            allocated output).
+        num_threads: threads for this call (default ``get_num_threads()``); capped by
+            the process's CPU affinity; small calls run on the calling thread.
+
+    Returns:
+        ``out`` (a new NumPy array or torch tensor like ``x`` when not given).
+
+    Raises:
+        TypeError: an argument is not an array/tensor, dtypes are unsupported or mixed,
+            or an index array is not of an integer dtype.
+        ValueError: wrong rank or shape, ``D``/``W`` mismatch, width outside 2..8,
+            ``state_len`` too small, slot out of range or used twice,
+            ``num_accepted_tokens`` out of range, bad ``query_start_loc``, read-only
+            ``conv_state``/``out``, ``out`` overlapping ``conv_state`` (or ``x``
+            without being ``x``), ``x`` overlapping ``conv_state``, non-CPU tensors.
+        Nothing is written when an exception is raised.
+    """
+    cdef View xv, sv, wv, bv, ov, iv, nv, qv
+    cdef gdn_params p
+    cdef int64_t B, T, N = 0, D, W, L, S, bad_i = 0, bad_v = 0
+    cdef int dt, wdt, rc, nthreads
+    cdef bint out_is_x = False
+
+    if activation is None:
+        p.silu = 0
+    elif activation == "silu" or activation == "swish":
+        p.silu = 1
+    else:
+        raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
+    nthreads = _num_threads if num_threads is None else _check_threads(num_threads, "num_threads")
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
+        raise TypeError(f"pad_slot_id must be an integer, got {pad_slot_id!r}")
+
+    # ---- arrays and dtypes
+    if not (cnp.PyArray_Check(x) or _is_tensor(x)):
+        x = np.asarray(x)
+    _view(x, &xv, "x")
+    _view(conv_state, &sv, "conv_state")
+    _view(weight, &wv, "weight")
+    dt = _dtype_of(&xv, x, "x")
+    if _dtype_of(&sv, conv_state, "conv_state") != dt:
+        raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
+    wdt = _dtype_of(&wv, weight, "weight")
+    if wdt != dt and wdt != GDN_F32:
+        raise TypeError(f"weight dtype {_dtype_name(weight)} does not match x dtype {_dtype_name(x)} "
+                        f"(float32 weights are also accepted)")
+    if bias is not None:
+        _view(bias, &bv, "bias")
+        if _dtype_of(&bv, bias, "bias") != wdt:
+            raise TypeError(f"bias dtype {_dtype_name(bias)} does not match weight dtype {_dtype_name(weight)}")
+    if out is not None:
+        _view(out, &ov, "out")
+        if _dtype_of(&ov, out, "out") != dt:
+            raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
+
+    # ---- shapes
+    if wv.ndim != 2:
+        raise ValueError(f"weight must have shape (D, W), got {tuple(weight.shape)}")
+    D = wv.shape[0]
+    W = wv.shape[1]
+    if W < GDN_MIN_WIDTH or W > GDN_MAX_WIDTH:
+        raise ValueError(f"width W = weight.shape[1] = {W} is outside {GDN_MIN_WIDTH}..{GDN_MAX_WIDTH}")
+    if bias is not None and (bv.ndim != 1 or bv.shape[0] != D):
+        raise ValueError(f"bias must have shape ({D},) to match weight {tuple(weight.shape)}, "
+                         f"got {tuple(bias.shape)}")
+    if sv.ndim != 3:
+        raise ValueError(f"conv_state must have shape (num_slots, state_len, D), got {tuple(conv_state.shape)}")
+    S = sv.shape[0]
+    L = sv.shape[1]
+    if sv.shape[2] != D:
+        raise ValueError(f"conv_state dim {sv.shape[2]} (shape {tuple(conv_state.shape)}) does not "
+                         f"match weight dim {D}")
+    if not sv.writeable:
+        raise ValueError("conv_state is read-only: it is updated in place")
+    if xv.ndim == 3:
+        if query_start_loc is not None:
+            raise ValueError(f"x must be 2-D (N, D) with query_start_loc, got shape {tuple(x.shape)}")
+        B = xv.shape[0]
+        T = xv.shape[1]
+    elif xv.ndim == 2:
+        T = 1
+        if query_start_loc is None:
+            B = xv.shape[0]
+        else:
+            N = xv.shape[0]
+            B = len(query_start_loc) - 1
+            if B < 0:
+                raise ValueError("query_start_loc must have B + 1 >= 1 entries, got 0")
+    else:
+        raise ValueError(f"x must be (B, T, D), (B, D) or (N, D), got shape {tuple(x.shape)}")
+    if xv.shape[xv.ndim - 1] != D:
+        raise ValueError(f"x dim {xv.shape[xv.ndim - 1]} (shape {tuple(x.shape)}) does not match weight dim {D}")
+    if num_accepted_tokens is None and L < W - 1:
+        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: plain decode needs "
+                         f"state_len >= width - 1 = {W - 1}")
+    if num_accepted_tokens is not None and L < W - 1:
+        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: speculative mode needs "
+                         f"state_len >= width - 1 = {W - 1}")
+    if out is not None:
+        if ov.ndim != xv.ndim or any(ov.shape[i] != xv.shape[i] for i in range(xv.ndim)):
+            raise ValueError(f"out shape {tuple(out.shape)} does not match x shape {tuple(x.shape)}")
+        if not ov.writeable:
+            raise ValueError("out is read-only")
+        out_is_x = _same_view(&ov, &xv)
+
+    # ---- index arrays
+    p.conv_state_indices = NULL
+    p.num_accepted_tokens = NULL
+    p.query_start_loc = NULL
+    keep = []
+    if query_start_loc is not None:
+        keep.append(_index_array(query_start_loc, "query_start_loc", B + 1, &qv))
+        p.query_start_loc = <const int32_t *>qv.ptr
+    if conv_state_indices is not None:
+        keep.append(_index_array(conv_state_indices, "conv_state_indices", B, &iv))
+        p.conv_state_indices = <const int32_t *>iv.ptr
+    elif B > S:
+        raise ValueError(f"batch {B} needs conv_state_indices: conv_state has only {S} slots")
+    if num_accepted_tokens is not None:
+        keep.append(_index_array(num_accepted_tokens, "num_accepted_tokens", B, &nv))
+        p.num_accepted_tokens = <const int32_t *>nv.ptr
+
+    # ---- aliasing: what is written must not share memory with what is read
+    if out is not None:
+        if _overlap(&ov, &sv):
+            raise ValueError("out overlaps conv_state")
+        if not out_is_x and _overlap(&ov, &xv):
+            raise ValueError("out overlaps x without being x")
+    if _overlap(&sv, &xv):
+        raise ValueError("x overlaps conv_state")
+    _refuse_overlap(&wv, "weight", &sv, &ov, out is not None)
+    if bias is not None:
+        _refuse_overlap(&bv, "bias", &sv, &ov, out is not None)
+    if conv_state_indices is not None:
+        _refuse_overlap(&iv, "conv_state_indices", &sv, &ov, out is not None)
+    if num_accepted_tokens is not None:
+        _refuse_overlap(&nv, "num_accepted_tokens", &sv, &ov, out is not None)
+    if query_start_loc is not None:
+        _refuse_overlap(&qv, "query_start_loc", &sv, &ov, out is not None)
+
+    # ---- params
+    p.batch = B
+    p.dim = D
+    p.width = W
+    p.state_len = L
+    p.num_slots = S
+    p.seqlen = T
+    p.pad_slot_id = pad_slot_id
+    p.dtype = dt
+    p.weight_dtype = wdt
+    p.weight = wv.ptr
+    p.weight_stride_d = wv.strides[0]
+    p.weight_stride_w = wv.strides[1]
+    p.bias = NULL
+    p.bias_stride = 0
+    if bias is not None:
+        p.bias = bv.ptr
+        p.bias_stride = bv.strides[0]
+    p.conv_state = sv.ptr
+    p.state_stride_s = sv.strides[0]
+    p.state_stride_l = sv.strides[1]
+    p.state_stride_d = sv.strides[2]
+
+    rc = gdn_validate(&p, N, &bad_i, &bad_v)
+    if rc != GDN_OK:
+        _raise_index_error(rc, bad_i, bad_v, &p, N, conv_state_indices)
+
+    if xv.strides[xv.ndim - 1] != 1 and not out_is_x:
+        x = _torch_contiguous(x) if xv.torch else np.ascontiguousarray(x)
+        _view(x, &xv, "x")
+    p.zero_skipped = out is None
+    if out is None:
+        out = _new_like(x, &xv)
+        _view(out, &ov, "out")
+    _fill_rows(&p.x, &p.x_stride_b, &p.x_stride_t, &p.x_stride_d, &xv, query_start_loc is not None)
+    _fill_rows(<const void **>&p.out, &p.out_stride_b, &p.out_stride_t, &p.out_stride_d, &ov,
+               query_start_loc is not None)
+    with nogil:
+        gdn_run(&p, nthreads)
+    return out
+
+
+cdef int _refuse_overlap(const View *r, str name, const View *state, const View *out,
+                         bint has_out) except -1:
+    """A read-only argument must not share memory with conv_state or out."""
+    if _overlap(state, r):
+        raise ValueError(f"{name} overlaps conv_state")
+    if has_out and _overlap(out, r):
+        raise ValueError(f"{name} overlaps out")
+    return 0
+
+
+cdef object _torch_contiguous(object x):
+    return x.contiguous()
+
+
+cdef void _fill_rows(const void **ptr, int64_t *sb, int64_t *st, int64_t *sd, const View *v, bint varlen):
+    """Strides (batch, token, channel) of x or out for the params struct."""
+    ptr[0] = v.ptr
+    if v.ndim == 3:
+        sb[0] = v.strides[0]
+        st[0] = v.strides[1]
+        sd[0] = v.strides[2]
+    elif varlen:        # (N, D): row = query_start_loc[i] + t
+        sb[0] = 0
+        st[0] = v.strides[0]
+        sd[0] = v.strides[1]
+    else:               # (B, D): one token per request
+        sb[0] = v.strides[0]
+        st[0] = 0
+        sd[0] = v.strides[1]
+
+
+cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_params *p, int64_t N,
+                            object conv_state_indices) except -1:
+    W, L = p.width, p.state_len
+    if rc == GDN_ERR_SLOT_RANGE:
+        raise ValueError(f"conv_state_indices[{i}] = {v} is out of range: slots are 0..{p.num_slots - 1} "
+                         f"(conv_state.shape[0] = {p.num_slots}) or pad_slot_id = {p.pad_slot_id}")
+    if rc == GDN_ERR_SLOT_DUPLICATE:
+        first = [int(s) for s in np.asarray(conv_state_indices)[:i]].index(v)
+        raise ValueError(f"conv_state_indices[{i}] = {v} repeats the slot of request {first}: "
+                         f"two requests cannot update one slot")
+    if rc == GDN_ERR_ACCEPTED_RANGE:
+        raise ValueError(f"num_accepted_tokens[{i}] = {v} is out of range [1, {L - W + 2}] for "
+                         f"state_len = {L}, width = {W}; a request with every token rejected "
+                         f"is marked with pad_slot_id instead of 0")
+    if rc == GDN_ERR_SPEC_TOKENS:
+        raise ValueError(f"request {i} has {v} tokens: speculative mode needs width - 2 + tokens "
+                         f"<= state_len ({W} - 2 + {v} > {L})")
+    if rc == GDN_ERR_QSL_START:
+        raise ValueError(f"query_start_loc[0] = {v} must be 0")
+    if rc == GDN_ERR_QSL_ORDER:
+        raise ValueError(f"query_start_loc must be non-decreasing: query_start_loc[{i}] = {v} "
+                         f"is smaller than the entry before it")
+    if rc == GDN_ERR_QSL_END:
+        raise ValueError(f"query_start_loc[{i}] = {v} must equal the number of tokens x.shape[0] = {N}")
+    if rc == GDN_ERR_NO_MEMORY:
+        raise MemoryError("no memory for the duplicate-slot check")
+    raise RuntimeError(f"gdn_validate returned {rc}")
+
+
+def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_indices=None,
+                query_start_loc=None, pad_slot_id=-1):
+    """Bytes SPEC's performance model counts for this call (int), for benchmarks.
+
+    ``e * D * sum_i (2 T_i + (W - 1) + (W - 2 + T_i))`` over requests that are not
+    skipped, plus ``D * W`` weight elements. Takes the shapes and dtypes of the call's
+    arguments; nothing is read from their values but the index arrays.
+    """
+    cdef gdn_params p
+    cdef View v
+    x = np.asarray(x) if not (cnp.PyArray_Check(x) or _is_tensor(x)) else x
+    _view(x, &v, "x")
+    p.dtype = _dtype_of(&v, x, "x")
+    varlen = query_start_loc is not None
+    p.batch = len(query_start_loc) - 1 if varlen else x.shape[0]
+    p.seqlen = x.shape[1] if v.ndim == 3 else 1
+    _view(weight, &v, "weight")
+    p.weight_dtype = _dtype_of(&v, weight, "weight")
+    p.dim, p.width = weight.shape[0], weight.shape[1]
+    p.pad_slot_id = pad_slot_id
+    p.x_stride_b = p.x_stride_t = p.out_stride_b = p.out_stride_t = p.state_stride_s = 0
+    p.x = NULL
+    p.out = NULL
+    p.conv_state = NULL
+    keep = []
+    p.query_start_loc = NULL
+    p.conv_state_indices = NULL
+    p.num_accepted_tokens = NULL
+    if varlen:
+        keep.append(_index_array(query_start_loc, "query_start_loc", p.batch + 1, &v))
+        p.query_start_loc = <const int32_t *>v.ptr
+    if conv_state_indices is not None:
+        keep.append(_index_array(conv_state_indices, "conv_state_indices", p.batch, &v))
+        p.conv_state_indices = <const int32_t *>v.ptr
+    return gdn_bytes_moved(&p)
+
+
+def pack_weight(weight):
+    """Weights as float32 ``(D, W)`` with taps outermost in memory (strides ``(1, D)``
+    in elements), the layout the SIMD kernels read without converting.
+
+    The result is an ordinary ``(D, W)`` array (or tensor, for a tensor input) that
+    ``conv_update_multi`` accepts anywhere a weight is; pack once, reuse every step.
+    Raises ValueError unless ``weight`` is 2-D.
+    """
+    if _is_tensor(weight):
+        if weight.dim() != 2:
+            raise ValueError(f"weight must have shape (D, W), got {tuple(weight.shape)}")
+        return weight.detach().to(_torch.float32).t().contiguous().t()
+    w = np.asarray(weight)
+    if w.ndim != 2:
+        raise ValueError(f"weight must have shape (D, W), got {w.shape}")
+    return np.ascontiguousarray(w.T, dtype=np.float32).T

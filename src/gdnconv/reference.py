@@ -1,0 +1,87 @@
+"""The float64 reference: SPEC's definition of conv_update_multi, written plainly.
+
+ref: vLLM causal_conv1d_update (vllm/model_executor/layers/mamba/ops/causal_conv1d.py).
+Slow on purpose (a Python loop over requests); tests and the simulator check the
+native kernel against it.
+"""
+import numpy as np
+
+
+def silu(y):
+    """y * sigmoid(y) in float64, without overflow for large |y|."""
+    y = np.asarray(y, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(-np.abs(y))
+        return y * np.where(y >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _act(y, activation):
+    if activation is None:
+        return y
+    if activation in ("silu", "swish"):
+        return silu(y)
+    raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
+
+
+def conv_update_multi_ref(x, conv_state, weight, bias=None, *, activation="silu",
+                          num_accepted_tokens=None, conv_state_indices=None,
+                          query_start_loc=None, pad_slot_id=-1):
+    """Reference for ``gdnconv.conv_update_multi``; nothing passed in is modified.
+
+    Takes the same arguments (NumPy arrays of any float dtype) and returns
+    ``(out, new_state)``: ``out`` in float64 with ``x``'s shape (rows of skipped
+    requests are NaN, since the kernel leaves them alone), ``new_state`` a copy of
+    ``conv_state`` in its own dtype with the rolled rows moved bit for bit.
+    """
+    x = np.asarray(x)
+    weight = np.asarray(weight, dtype=np.float64)
+    D, W = weight.shape
+    b = np.zeros(D) if bias is None else np.asarray(bias, dtype=np.float64)
+    state = np.array(conv_state, copy=True)
+    # one (T_i, D) block of rows per request
+    if query_start_loc is not None:
+        qsl = [int(v) for v in query_start_loc]
+        rows = [x[qsl[i]:qsl[i + 1]] for i in range(len(qsl) - 1)]
+    elif x.ndim == 2:
+        rows = [x[i:i + 1] for i in range(x.shape[0])]
+    else:
+        rows = list(x)
+    B = len(rows)
+    slots = list(range(B)) if conv_state_indices is None else [int(s) for s in conv_state_indices]
+    out_rows = []
+    for i in range(B):
+        xi = rows[i]
+        T = xi.shape[0]
+        s = slots[i]
+        if (conv_state_indices is not None and s == pad_slot_id) or T == 0:
+            out_rows.append(np.full((T, D), np.nan))
+            continue
+        off = 0 if num_accepted_tokens is None else int(num_accepted_tokens[i]) - 1
+        history = state[s, off:off + W - 1]                       # (W-1, D) original dtype
+        window = np.concatenate([history.astype(np.float64), xi.astype(np.float64)])
+        y = np.stack([b + np.sum(weight * window[t:t + W].T, axis=1) for t in range(T)])
+        out_rows.append(_act(y, activation))
+        raw = np.concatenate([history, xi.astype(state.dtype)])   # bits of history and x_i
+        if num_accepted_tokens is None:
+            state[s, :W - 1] = raw[-(W - 1):]
+        else:
+            state[s, :W - 2] = history[1:]
+            state[s, W - 2:W - 2 + T] = xi
+    out = np.concatenate(out_rows) if out_rows else np.zeros((0, D))
+    return out.reshape(x.shape), state
+
+
+def causal_conv1d_ref(tokens, weight, bias=None, activation="silu"):
+    """Causal conv1d of a whole token stream ``(n, D)`` from an all-zero history, float64.
+
+    ``out[p] = act(bias + sum_k weight[:, k] * tokens[p - (W - 1) + k])``: what a
+    request's outputs must be when its state started at zero, however the state
+    was rolled in between.
+    """
+    tokens = np.asarray(tokens, dtype=np.float64)
+    weight = np.asarray(weight, dtype=np.float64)
+    D, W = weight.shape
+    b = np.zeros(D) if bias is None else np.asarray(bias, dtype=np.float64)
+    padded = np.concatenate([np.zeros((W - 1, D)), tokens])
+    y = b + sum(weight[:, k] * padded[k:k + len(tokens)] for k in range(W))
+    return _act(y, activation)
