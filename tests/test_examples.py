@@ -1,0 +1,77 @@
+"""Hand-checkable examples: digit weights make every output spell its window."""
+import numpy as np
+import pytest
+
+import gdnconv
+from conftest import assert_bits_equal
+
+DIGITS = np.array([1.0, 10.0, 100.0, 1000.0], dtype=np.float32)  # weight[d] for W = 4
+
+
+def _digit_call(rows, tokens, D):
+    state = np.repeat(np.asarray(rows, dtype=np.float32)[None, :, None], D, axis=2)  # (1, L, D)
+    x = np.repeat(np.asarray(tokens, dtype=np.float32)[None, :, None], D, axis=2)    # (1, T, D)
+    weight = np.tile(DIGITS, (D, 1))
+    return x, np.ascontiguousarray(state), weight
+
+
+@pytest.mark.parametrize("D", [1, 5, 16, 37, 300])
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+def test_spec_digits(isa, D, layout):
+    """W=4, L=5, state rows 1..5, tokens 6 7 8, num_accepted=2: window [2 3 4 | 6 7 8]."""
+    x, state, weight = _digit_call([1, 2, 3, 4, 5], [6, 7, 8], D)
+    if layout == "DS":
+        state = np.ascontiguousarray(state.transpose(0, 2, 1)).transpose(0, 2, 1)
+    out = gdnconv.conv_update_multi(x, state, weight, None, activation=None,
+                                    num_accepted_tokens=np.array([2], dtype=np.int32))
+    expected_out = np.repeat(np.array([6432.0, 7643.0, 8764.0], np.float32)[None, :, None], D, axis=2)
+    assert_bits_equal(out, expected_out, "out")
+    expected_state = np.repeat(np.array([3, 4, 6, 7, 8], np.float32)[None, :, None], D, axis=2)
+    assert_bits_equal(state, expected_state, "conv_state")
+
+
+@pytest.mark.parametrize("D", [1, 5, 16, 37, 300])
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+def test_plain_digits(isa, D, layout):
+    """Plain mode, L=6, state rows 1..6, one token 7: window [1 2 3 | 7]; rows past W-1 untouched."""
+    x, state, weight = _digit_call([1, 2, 3, 4, 5, 6], [7], D)
+    if layout == "DS":
+        state = np.ascontiguousarray(state.transpose(0, 2, 1)).transpose(0, 2, 1)
+    out = gdnconv.conv_update_multi(x, state, weight, None, activation=None)
+    assert_bits_equal(out, np.full((1, 1, D), 7321.0, np.float32), "out")
+    expected_state = np.repeat(np.array([2, 3, 7, 4, 5, 6], np.float32)[None, :, None], D, axis=2)
+    assert_bits_equal(state, expected_state, "conv_state")
+
+
+def test_spec_example_from_spec(isa):
+    """SPEC's worked example, W=4, k=3, L=6: state [a b | t d1 d2 d3], t and d1 accepted:
+    window [b t d1], and after tokens y0..y3 the state is [t d1 | y0 y1 y2 y3]."""
+    D = 24
+    a, b, t, d1, d2, d3 = 1.0, 2.0, 3.0, 4.0, 5.0, 6.0
+    ys = [7.0, 8.0, 9.0, 11.0]
+    state = np.repeat(np.array([a, b, t, d1, d2, d3], np.float32)[None, :, None], D, axis=2)
+    x = np.repeat(np.array(ys, np.float32)[None, :, None], D, axis=2)
+    weight = np.tile(DIGITS, (D, 1))
+    out = gdnconv.conv_update_multi(x, state, weight, activation=None,
+                                    num_accepted_tokens=np.array([2], np.int32))
+    window = [b, t, d1] + ys
+    expected = [sum(DIGITS[k] * window[i + k] for k in range(4)) for i in range(4)]
+    assert_bits_equal(out, np.repeat(np.array(expected, np.float32)[None, :, None], D, axis=2), "out")
+    assert_bits_equal(state, np.repeat(np.array([t, d1] + ys, np.float32)[None, :, None], D, axis=2),
+                      "conv_state")
+
+
+def test_bias_and_silu_scalar_values(isa):
+    """out = silu(bias + sum w*window) on values small enough to check by hand."""
+    D = 20
+    state = np.zeros((1, 3, D), np.float32)
+    state[0, :, :] = np.array([1.0, -2.0, 0.5], np.float32)[:, None]
+    x = np.full((1, 1, D), 2.0, np.float32)
+    weight = np.tile(np.array([0.5, 0.25, -1.0, 1.0], np.float32), (D, 1))
+    bias = np.full(D, -0.25, np.float32)
+    out = gdnconv.conv_update_multi(x, state, weight, bias)
+    y = -0.25 + 0.5 * 1.0 + 0.25 * -2.0 + -1.0 * 0.5 + 1.0 * 2.0   # = 1.25
+    expected = y / (1.0 + np.exp(-y))
+    np.testing.assert_allclose(out[0, 0].astype(np.float64), expected, rtol=1e-6)
+    out = gdnconv.conv_update_multi(x, np.zeros((1, 3, D), np.float32), weight, bias, activation=None)
+    np.testing.assert_array_equal(out[0, 0], np.float32(-0.25 + 2.0))

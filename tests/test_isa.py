@@ -1,0 +1,176 @@
+"""Kernel selection, CPU feature detection, channel tails, and agreement between ISAs."""
+import os
+import platform
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gdnconv
+from conftest import (DTYPES, allowed_error, assert_bits_equal, f64, make_call, reference,
+                      run_and_check, skipped_rows)
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+
+def _run_python(code, isa_env):
+    env = dict(os.environ)
+    env["GDNCONV_ISA"] = isa_env
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", "")] + sys.path if p)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+CALL_SNIPPET = """
+import numpy as np, gdnconv
+from gdnconv.reference import conv_update_multi_ref
+assert gdnconv.active_isa() == {name!r}, gdnconv.active_isa()
+rng = np.random.default_rng(0)
+x = rng.standard_normal((3, 2, 37)).astype(np.float32)
+st = rng.standard_normal((4, 5, 37)).astype(np.float32)
+w = rng.standard_normal((37, 4)).astype(np.float32)
+nat = np.array([1, 2, 2], np.int32)
+ref, ref_st = conv_update_multi_ref(x, st, w, num_accepted_tokens=nat)
+out = gdnconv.conv_update_multi(x, st, w, num_accepted_tokens=nat)
+assert np.allclose(out, ref, rtol=1e-5, atol=1e-5), np.abs(out - ref).max()
+assert (st.view(np.uint32) == ref_st.view(np.uint32)).all()
+print("OK", gdnconv.active_isa())
+"""
+
+
+@pytest.mark.parametrize("name", gdnconv.compiled_isas())
+def test_env_var_forces_isa(name):
+    if name not in gdnconv.available_isas():
+        pytest.skip(f"CPU lacks {name}")
+    r = _run_python(CALL_SNIPPET.format(name=name), name)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"OK {name}"
+
+
+def test_env_var_scalar_always_works():
+    r = _run_python(CALL_SNIPPET.format(name="scalar"), "scalar")
+    assert r.returncode == 0, r.stderr
+    assert "OK scalar" in r.stdout
+
+
+def test_env_var_unknown_isa_is_import_error():
+    r = _run_python("import gdnconv", "no-such-isa")
+    assert r.returncode != 0
+    assert "ImportError" in r.stderr and "no-such-isa" in r.stderr
+
+
+def test_env_var_empty_means_best():
+    r = _run_python("import gdnconv; print(gdnconv.active_isa(), gdnconv.available_isas()[0])", "")
+    assert r.returncode == 0, r.stderr
+    active, best = r.stdout.split()
+    assert active == best
+
+
+def test_isa_lists_and_set_isa():
+    compiled, available = gdnconv.compiled_isas(), gdnconv.available_isas()
+    assert compiled[-1] == "scalar" and available[-1] == "scalar"
+    assert [n for n in compiled if n in available] == available
+    assert set(compiled) <= {"avx512", "avx2", "scalar"}
+    previous = gdnconv.active_isa()
+    try:
+        for name in available:
+            before = gdnconv.active_isa()
+            assert gdnconv.set_isa(name) == before
+            assert gdnconv.active_isa() == name
+        assert gdnconv.set_isa(None) == available[-1]
+        assert gdnconv.active_isa() == available[0]
+        with pytest.raises(ValueError, match="bogus"):
+            gdnconv.set_isa("bogus")
+        assert gdnconv.active_isa() == available[0]
+        for name in compiled:
+            if name not in available:
+                with pytest.raises(ValueError, match=name):
+                    gdnconv.set_isa(name)
+    finally:
+        gdnconv.set_isa(previous)
+
+
+def test_available_isas_follow_cpu_features():
+    f = gdnconv.cpu_features()
+    expected = set(f) == {"sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                          "avx512dq", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+                          "amx_int8", "os_avx", "os_avx512", "os_amx"}
+    assert expected, sorted(f)
+    assert all(isinstance(v, bool) for v in f.values())
+    available = gdnconv.available_isas()
+    if "avx2" in gdnconv.compiled_isas():
+        assert ("avx2" in available) == (f["avx2"] and f["fma"] and f["f16c"] and f["os_avx"])
+    if "avx512" in gdnconv.compiled_isas():
+        want = all(f[k] for k in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "os_avx512"))
+        assert ("avx512" in available) == want
+
+
+def _cpuinfo_flags():
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return None
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")),
+                    reason="/proc/cpuinfo flags are only compared on Linux x86-64")
+def test_cpu_features_agree_with_proc_cpuinfo():
+    flags = _cpuinfo_flags()
+    if flags is None:
+        pytest.skip("/proc/cpuinfo has no flags line")
+    f = gdnconv.cpu_features()
+    mapping = {"avx2": "avx2", "fma": "fma", "f16c": "f16c", "avx512f": "avx512f",
+               "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512dq": "avx512dq",
+               "avx512_bf16": "avx512_bf16", "avx512_fp16": "avx512_fp16", "amx_tile": "amx_tile",
+               "amx_bf16": "amx_bf16", "sse2": "sse2", "avx": "avx", "amx_int8": "amx_int8"}
+    mismatches = {k: (f[k], flag in flags) for k, flag in mapping.items() if f[k] != (flag in flags)}
+    assert not mismatches, f"cpu_features() vs /proc/cpuinfo: {mismatches}"
+
+
+TAIL_DIMS = [1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 23, 31, 33, 47, 100, 255, 257, 263]
+
+
+@pytest.mark.parametrize("D", TAIL_DIMS, ids=[f"D{d}" for d in TAIL_DIMS])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_channel_tails(isa, rng, D, dtype):
+    for mode, batching in (("plain", "fixed"), ("spec", "varlen")):
+        W = int(rng.integers(2, 9))
+        call = make_call(rng, dtype=dtype, W=W, D=D, T=int(rng.integers(1, 5)), B=3, mode=mode,
+                         batching=batching, pads=True, extra=int(rng.integers(0, 2)),
+                         wkind=str(rng.choice(["same", "packed"])))
+        run_and_check(call, out_mode="given", rng=rng)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+@pytest.mark.parametrize("W", [2, 4, 8])
+@pytest.mark.parametrize("activation", ["silu", None], ids=["silu", "noact"])
+def test_isas_agree(rng, dtype, mode, W, activation):
+    """Every available ISA: within tolerance of the reference and of each other; states bitwise equal."""
+    available = gdnconv.available_isas()
+    call = make_call(rng, dtype=dtype, W=W, D=1000, T=4, B=5, mode=mode, batching="varlen", pads=True,
+                     activation=activation, extra=1)
+    kw = call["kw"]
+    ref_out, ref_state, mag = reference(call["x"], call["conv_state"], call["weight"], call["bias"], **kw)
+    skip = skipped_rows(call["x"].shape, kw["conv_state_indices"], kw["query_start_loc"])
+    dt = DTYPES[dtype]
+    tol = allowed_error(ref_out[~skip], mag[~skip], dt, activation is not None)
+    results = {}
+    previous = gdnconv.active_isa()
+    try:
+        for name in available:
+            gdnconv.set_isa(name)
+            state = call["conv_state"].copy()
+            out = gdnconv.conv_update_multi(call["x"], state, call["weight"], call["bias"], **kw)
+            assert np.all(np.abs(f64(out)[~skip] - ref_out[~skip]) <= tol), name
+            assert_bits_equal(state, ref_state, f"conv_state ({name})")
+            results[name] = (f64(out)[~skip], state)
+    finally:
+        gdnconv.set_isa(previous)
+    names = list(results)
+    for a in names:
+        for b in names:
+            if a < b:
+                assert np.all(np.abs(results[a][0] - results[b][0]) <= 2 * tol), f"{a} vs {b}"
+                assert_bits_equal(results[a][1], results[b][1], f"state {a} vs {b}")

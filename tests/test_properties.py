@@ -1,0 +1,311 @@
+"""Properties that follow from SPEC, plus the small API surface (threads, pack_weight,
+bytes_moved, empty batches, (B, D) input)."""
+import os
+
+import numpy as np
+import pytest
+
+import gdnconv
+from conftest import (DTYPES, as_np, assert_bits_equal, assert_out_close, bits, f64, make_call,
+                      reference, run_and_check)
+
+
+def _cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("W,T,extra", [(2, 3, 0), (4, 4, 0), (4, 2, 2), (8, 5, 1), (3, 1, 0)])
+def test_plain_T_tokens_equals_T_single_token_calls(isa, rng, dtype, W, T, extra):
+    D, B = 70, 3
+    call = make_call(rng, dtype=dtype, W=W, D=D, T=T, B=B, mode="plain", extra=extra, pads=True)
+    x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
+    state2 = state.copy()
+    out = gdnconv.conv_update_multi(x, state, w, b, **kw)
+    outs = [gdnconv.conv_update_multi(np.ascontiguousarray(x[:, t]), state2, w, b, **kw) for t in range(T)]
+    assert_bits_equal(np.stack(outs, axis=1), out, "out")
+    assert_bits_equal(state2, state, "conv_state")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("W,extra", [(2, 0), (4, 0), (4, 3), (8, 1)])
+def test_spec_one_accepted_one_token_equals_plain(isa, rng, dtype, W, extra):
+    D, B = 50, 4
+    call = make_call(rng, dtype=dtype, W=W, D=D, T=1, B=B, mode="plain", extra=extra, pads=True)
+    x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
+    state_spec = state.copy()
+    out_plain = gdnconv.conv_update_multi(x, state, w, b, **kw)
+    out_spec = gdnconv.conv_update_multi(x, state_spec, w, b, **dict(
+        kw, num_accepted_tokens=np.ones(B, np.int32)))
+    assert_bits_equal(out_spec, out_plain, "out")
+    assert_bits_equal(state_spec, state, "conv_state")
+
+
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+@pytest.mark.parametrize("batching", ["fixed", "varlen"])
+def test_output_independent_of_batch_neighbours(isa, rng, mode, batching):
+    D, T, B, W = 300, 3, 9, 4
+    call = make_call(rng, dtype="bf16", W=W, D=D, T=T, B=B, mode=mode, batching=batching, extra=1)
+    x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
+    full_state = state.copy()
+    full = gdnconv.conv_update_multi(x, full_state, w, b, **kw)
+    qsl = kw["query_start_loc"]
+    for i in range(B):
+        alone_state = state.copy()
+        one = dict(kw)
+        one["conv_state_indices"] = kw["conv_state_indices"][i:i + 1]
+        if kw["num_accepted_tokens"] is not None:
+            one["num_accepted_tokens"] = kw["num_accepted_tokens"][i:i + 1]
+        if qsl is not None:
+            rows = slice(int(qsl[i]), int(qsl[i + 1]))
+            xi = x[rows]
+            one["query_start_loc"] = np.array([0, qsl[i + 1] - qsl[i]], np.int32)
+        else:
+            rows = slice(i, i + 1)
+            xi = x[rows]
+        out_i = gdnconv.conv_update_multi(xi, alone_state, w, b, **one)
+        assert_bits_equal(out_i, full[rows], f"out of request {i}")
+        s = int(kw["conv_state_indices"][i])
+        assert_bits_equal(alone_state[s], full_state[s], f"state of request {i}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+def test_bit_identical_whatever_the_thread_count(isa, rng, dtype, mode):
+    """Big enough to run in parallel (B=16, T=4, D=8192)."""
+    call = make_call(rng, dtype=dtype, W=4, D=8192, T=4, B=16, mode=mode, pads=True)
+    x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
+    results = []
+    for n in (1, 2, None):
+        st = state.copy()
+        out = gdnconv.conv_update_multi(x, st, w, b, num_threads=n, **kw)
+        results.append((n, out, st))
+    for n, out, st in results[1:]:
+        assert_bits_equal(out, results[0][1], f"out with num_threads={n}")
+        assert_bits_equal(st, results[0][2], f"conv_state with num_threads={n}")
+    ref_out, ref_state, mag = reference(x, state, w, b, **kw)
+    assert_bits_equal(results[0][2], ref_state, "conv_state")
+
+
+def test_set_num_threads_is_deterministic_too(rng):
+    call = make_call(rng, dtype="bf16", W=4, D=8192, T=4, B=16, mode="spec")
+    x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
+    previous = gdnconv.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2):
+            gdnconv.set_num_threads(n)
+            assert gdnconv.get_num_threads() == min(n, _cpus())
+            st = state.copy()
+            results.append((gdnconv.conv_update_multi(x, st, w, b, **kw), st))
+    finally:
+        gdnconv.set_num_threads(previous)
+    assert gdnconv.get_num_threads() == previous
+    assert_bits_equal(results[1][0], results[0][0], "out")
+    assert_bits_equal(results[1][1], results[0][1], "conv_state")
+
+
+def test_set_num_threads_validates():
+    previous = gdnconv.get_num_threads()
+    try:
+        gdnconv.set_num_threads(1)
+        assert gdnconv.get_num_threads() == 1
+        gdnconv.set_num_threads(10_000)
+        assert 1 <= gdnconv.get_num_threads() <= 10_000
+        for bad in (0, -1, 1.5, True, "2"):
+            with pytest.raises(ValueError):
+                gdnconv.set_num_threads(bad)
+    finally:
+        gdnconv.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("batching", ["fixed", "varlen"])
+def test_pad_rows_zero_in_new_out_untouched_in_given(isa, rng, dtype, batching):
+    call = make_call(rng, dtype=dtype, W=4, D=200, T=3, B=6, mode="spec", batching=batching,
+                     pads=True, zero_len=False)
+    x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
+    idx = kw["conv_state_indices"]
+    assert (idx == -1).any()
+    pad_rows = np.zeros(x.shape[:-1], bool)
+    for i in np.flatnonzero(idx == -1):
+        if kw["query_start_loc"] is not None:
+            pad_rows[kw["query_start_loc"][i]:kw["query_start_loc"][i + 1]] = True
+        else:
+            pad_rows[i] = True
+    out = gdnconv.conv_update_multi(x, state.copy(), w, b, **kw)
+    assert pad_rows.any()
+    assert (bits(out)[pad_rows] == 0).all(), "pad rows must be exactly +0 in a new out"
+    given = (rng.standard_normal(x.shape) * 50).astype(x.dtype)
+    before = bits(given)
+    res = gdnconv.conv_update_multi(x, state.copy(), w, b, out=given, **kw)
+    assert res is given
+    assert np.array_equal(bits(given)[pad_rows], before[pad_rows])
+    assert_bits_equal(given[~pad_rows], out[~pad_rows], "non-pad rows of a given out")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+@pytest.mark.parametrize("batching", ["fixed", "varlen"])
+def test_out_is_x(isa, rng, dtype, mode, batching):
+    """In place: correct outputs, and the state receives the ORIGINAL x (bitwise)."""
+    W, T, D = 4, 3, 100
+    call = make_call(rng, dtype=dtype, W=W, D=D, T=T, B=4, mode=mode, batching=batching, pads=True)
+    x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
+    x_orig = x.copy()
+    run_and_check(call, out_mode="x")
+    # the reference (run on the original x) already fixed the state; check explicitly too
+    if mode == "spec" and batching == "fixed":
+        for i, s in enumerate(kw["conv_state_indices"]):
+            if s != -1:
+                assert_bits_equal(state[s, W - 2:W - 2 + T], x_orig[i], f"state rows of request {i}")
+
+
+def test_out_is_x_explicit_values(isa):
+    """With out=x the state must hold the tokens, not the outputs written over them."""
+    D = 40
+    x = np.tile(np.array([[5.0], [6.0], [7.0]], np.float32), (1, D))[None]   # (1, 3, D)
+    state = np.zeros((1, 5, D), np.float32)
+    w = np.tile(np.array([1.0, 10.0, 100.0, 1000.0], np.float32), (D, 1))
+    res = gdnconv.conv_update_multi(x, state, w, activation=None,
+                                    num_accepted_tokens=np.array([1], np.int32), out=x)
+    assert res is x
+    np.testing.assert_array_equal(x[0, :, 0], [5000.0, 6500.0, 7650.0])
+    np.testing.assert_array_equal(state[0, :, 0], [0.0, 0.0, 5.0, 6.0, 7.0])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_two_dim_x_is_one_token_per_request(isa, rng, dtype):
+    call = make_call(rng, dtype=dtype, W=4, D=33, T=1, B=5, flat=True, pads=True)
+    assert call["x"].ndim == 2
+    run_and_check(call, out_mode="given", rng=rng)
+
+
+@pytest.mark.parametrize("pad_slot_id", [-1, -7, 3, 2**31 - 1])
+def test_other_pad_slot_ids(isa, rng, pad_slot_id):
+    for mode in ("plain", "spec"):
+        call = make_call(rng, dtype="bf16", W=4, D=48, T=2, B=5, mode=mode, pads=True,
+                         pad_slot_id=pad_slot_id)
+        assert (call["kw"]["conv_state_indices"] == pad_slot_id).any()
+        run_and_check(call, out_mode="given", rng=rng)
+
+
+def test_pad_slot_id_value_is_a_slot_of_another_call(rng):
+    """-1 is a slot error when pad_slot_id is something else, nothing written."""
+    call = make_call(rng, dtype="fp32", W=4, D=16, T=1, B=3)
+    x, state, w, kw = call["x"], call["conv_state"], call["weight"], call["kw"]
+    kw["conv_state_indices"] = np.array([0, -1, 1], np.int32)
+    before = bits(state)
+    with pytest.raises(ValueError, match="conv_state_indices"):
+        gdnconv.conv_update_multi(x, state, w, **dict(kw, pad_slot_id=-5))
+    assert np.array_equal(bits(state), before)
+
+
+def test_pad_requests_ignore_num_accepted(rng):
+    """A skipped request reads nothing: its num_accepted_tokens (even 0) is not used."""
+    call = make_call(rng, dtype="fp32", W=4, D=16, T=2, B=3, mode="spec", extra=1)
+    kw = call["kw"]
+    kw["conv_state_indices"] = np.array([0, -1, 1], np.int32)
+    kw["num_accepted_tokens"] = np.array([1, 0, 2], np.int32)
+    run_and_check(call, out_mode="given", rng=rng)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_empty_batches_are_noops(rng, dtype):
+    dt = DTYPES[dtype]
+    D, W = 24, 4
+    state = rng.standard_normal((3, 4, D)).astype(dt)
+    before = bits(state)
+    w = rng.standard_normal((D, W)).astype(dt)
+    out = gdnconv.conv_update_multi(np.zeros((0, 2, D), dt), state, w)
+    assert out.shape == (0, 2, D)
+    out = gdnconv.conv_update_multi(np.zeros((0, D), dt), state, w, num_accepted_tokens=np.zeros(0, np.int32))
+    assert out.shape == (0, D)
+    # all requests empty (varlen)
+    out = gdnconv.conv_update_multi(np.zeros((0, D), dt), state, w,
+                                    query_start_loc=np.zeros(4, np.int32),
+                                    conv_state_indices=np.array([2, 0, 1], np.int32))
+    assert out.shape == (0, D)
+    # all requests padded
+    x = rng.standard_normal((2, 3, D)).astype(dt)
+    out = gdnconv.conv_update_multi(x, state, w, conv_state_indices=np.array([-1, -1], np.int32))
+    assert (f64(out) == 0).all()
+    given = x.copy()
+    gdnconv.conv_update_multi(x, state, w, conv_state_indices=np.array([-1, -1], np.int32), out=given)
+    assert_bits_equal(given, x, "out of an all-pad call")
+    assert np.array_equal(bits(state), before)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_pack_weight(isa, rng, dtype):
+    D, W = 300, 4
+    w = rng.standard_normal((D, W)).astype(DTYPES[dtype])
+    p = gdnconv.pack_weight(w)
+    assert p.shape == (D, W) and p.dtype == np.float32 and p.strides == (4, 4 * D)
+    np.testing.assert_array_equal(p, w.astype(np.float32))
+    call = make_call(rng, dtype=dtype, W=W, D=D, T=3, B=3, mode="spec", wkind="f32")
+    call["weight"] = w.astype(np.float32)
+    s1, s2 = call["conv_state"].copy(), call["conv_state"].copy()
+    o1 = gdnconv.conv_update_multi(call["x"], s1, call["weight"], call["bias"], **call["kw"])
+    o2 = gdnconv.conv_update_multi(call["x"], s2, gdnconv.pack_weight(call["weight"]), call["bias"],
+                                   **call["kw"])
+    assert_bits_equal(o2, o1, "out with packed weight")
+    assert_bits_equal(s2, s1, "conv_state with packed weight")
+    with pytest.raises(ValueError, match="weight"):
+        gdnconv.pack_weight(np.zeros(4, np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_bytes_moved_formula(rng, dtype):
+    dt = DTYPES[dtype]
+    e = dt.itemsize
+    D, W, T, B = 64, 4, 3, 5
+    x = np.zeros((B, T, D), dt)
+    state = np.zeros((8, 6, D), dt)
+    w = np.zeros((D, W), dt)
+    expected = e * D * B * (2 * T + (W - 1) + (W - 2 + T)) + D * W * e
+    assert gdnconv.bytes_moved(x, state, w) == expected
+    idx = np.array([0, -1, 2, 3, -1], np.int32)
+    expected = e * D * 3 * (2 * T + (W - 1) + (W - 2 + T)) + D * W * e
+    assert gdnconv.bytes_moved(x, state, w, conv_state_indices=idx) == expected
+    qsl = np.array([0, 2, 2, 5], np.int32)
+    xv = np.zeros((5, D), dt)
+    lens = [2, 0, 3]
+    expected = e * D * sum(2 * t + (W - 1) + (W - 2 + t) for t in lens if t) + D * W * 4
+    assert gdnconv.bytes_moved(xv, state, w.astype(np.float32), query_start_loc=qsl,
+                               conv_state_indices=np.array([1, 2, 3], np.int32)) == expected
+
+
+def test_state_rows_past_the_window_untouched(isa, rng):
+    """Spec mode writes rows [0, W-2+T) only; plain mode rows [0, W-1) only."""
+    W, T, D = 4, 2, 64
+    for mode, written in (("spec", W - 2 + T), ("plain", W - 1)):
+        call = make_call(rng, dtype="bf16", W=W, D=D, T=T, B=3, mode=mode, extra=4)
+        state = call["conv_state"]
+        before = bits(state)
+        gdnconv.conv_update_multi(call["x"], state, call["weight"], call["bias"], **call["kw"])
+        assert np.array_equal(bits(state)[:, written:], before[:, written:])
+        slots = call["kw"]["conv_state_indices"]
+        unused = [s for s in range(state.shape[0]) if s not in set(slots.tolist())]
+        for s in unused:
+            assert np.array_equal(bits(state)[s], before[s])
+
+
+def test_fp32_weights_with_16bit_activations(isa, rng):
+    for dtype in ("fp16", "bf16"):
+        for wkind in ("f32", "packed"):
+            call = make_call(rng, dtype=dtype, W=5, D=130, T=2, B=3, mode="spec", wkind=wkind)
+            assert np.asarray(call["weight"]).dtype == np.float32
+            run_and_check(call)
+
+
+def test_swish_is_silu(isa, rng):
+    call = make_call(rng, dtype="fp32", W=4, D=40, T=2, B=2, activation="silu")
+    s1, s2 = call["conv_state"].copy(), call["conv_state"].copy()
+    o1 = gdnconv.conv_update_multi(call["x"], s1, call["weight"], call["bias"], **call["kw"])
+    o2 = gdnconv.conv_update_multi(call["x"], s2, call["weight"], call["bias"],
+                                   **dict(call["kw"], activation="swish"))
+    assert_bits_equal(o2, o1, "out")

@@ -1,0 +1,88 @@
+"""The simulator (``gdnconv simulate``): passes on a correct kernel, catches a broken one,
+and its incremental ground truth equals the whole-stream reference."""
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+import gdnconv
+from gdnconv import simulate
+from gdnconv.reference import causal_conv1d_ref
+
+
+def _run(capsys, *extra):
+    parser = simulate.add_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--preset", "tiny", "--steps", "40", "--json", "--no-progress", *extra])
+    rc = simulate.run(args)
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_tiny_passes_within_tolerance(capsys):
+    pytest.importorskip("torch")
+    rc, r = _run(capsys)
+    assert rc == 0 and r["ok"]
+    check = r["check"]
+    assert check["steps"] == 40 and check["outputs"] == r["workload"]["live_tokens"] * r["config"]["dim"]
+    assert 0.0 < check["max_error_ratio"] <= 1.0
+    assert check["pad_rows_untouched"] and check["torch_state_match"]
+    assert r["workload"]["slot_resets"] > r["config"]["batch"]      # slots were reused
+    assert r["workload"]["pad_entries"] > 0
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_other_dtypes_pass(capsys, dtype):
+    rc, r = _run(capsys, "--dtype", dtype, "--no-torch")
+    assert rc == 0 and r["check"]["max_error_ratio"] <= 1.0
+
+
+@pytest.mark.parametrize("corrupt", ["output", "state"])
+def test_corrupted_kernel_is_caught(capsys, monkeypatch, corrupt):
+    """One wrong output value, or one wrong state row (which only later outputs can
+    reveal: the ground truth never reads the kernel's state), fails the check."""
+    real = gdnconv.conv_update_multi
+    calls = {"n": 0}
+
+    def broken(x, conv_state, *a, **kw):
+        out = real(x, conv_state, *a, **kw)
+        calls["n"] += 1
+        if calls["n"] > 10:               # from about step 10 on (after warm-up calls)
+            live = [i for i, s in enumerate(kw["conv_state_indices"]) if s >= 0]
+            i = live[0]
+            if corrupt == "output":
+                row = kw["query_start_loc"][i]
+                out[row, 5] = out[row, 5] + np.float32(0.25)
+            else:
+                conv_state[kw["conv_state_indices"][i], :, 7] += np.float32(0.5)
+        return out
+
+    monkeypatch.setattr(gdnconv, "conv_update_multi", broken)
+    rc, r = _run(capsys, "--no-torch")
+    assert rc != 0 and not r["ok"]
+    assert r["check"]["max_error_ratio"] > 1.0
+    assert r["check"]["worst"]["step"] >= 5
+
+
+def test_incremental_reference_matches_whole_stream():
+    """The per-step windows built from each request's last W-1 accepted tokens give the
+    same outputs as causal_conv1d_ref over the request's whole accepted stream."""
+    rng = np.random.default_rng(1)
+    W, D, P = 4, 8, 64
+    weight, bias, pool, pool64 = simulate.make_model(rng, D, W, np.float32, P)
+    schedule = simulate.build_schedule(rng, batch=5, drafts=3, steps=60, num_slots=7, width=W, pool_size=P,
+                                       accept_rate=0.6, mean_life=6)
+    checker = simulate.Checker(weight, bias, pool64, np.float32)
+    streams = {}                                       # request id -> accepted pool rows
+    for step in schedule:
+        ref, _ = checker.reference(step.windows)
+        qsl = step.query_start_loc
+        for i, rid in enumerate(step.request_ids):
+            if rid < 0:
+                continue
+            fed = list(step.tokens[qsl[i]:qsl[i + 1]])
+            history = streams.setdefault(int(rid), [])
+            whole = causal_conv1d_ref(pool64[history + fed], weight, bias)[len(history):]
+            rows = np.searchsorted(step.rows, np.arange(qsl[i], qsl[i + 1]))
+            np.testing.assert_allclose(ref[rows], whole, rtol=1e-12, atol=1e-12)
+            history.extend(fed[:step.accepted[i]])
+    assert len(streams) > 5

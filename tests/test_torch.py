@@ -1,0 +1,174 @@
+"""torch CPU tensors: zero-copy in, state updated in place, results equal to the NumPy path."""
+import numpy as np
+import pytest
+
+import gdnconv
+from conftest import (as_np, assert_bits_equal, assert_out_close, bits, make_call, reference,
+                      run_and_check, skipped_rows)
+
+torch = pytest.importorskip("torch")
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def to_torch(a):
+    """A torch tensor with the bits, shape and strides of the NumPy array a (bf16 included)."""
+    if a is None:
+        return None
+    a = np.asarray(a)
+    if a.dtype.kind in "iu":
+        return torch.from_numpy(a.copy())
+    size = a.dtype.itemsize
+    tdt = {4: torch.float32, 2: torch.bfloat16 if a.dtype.name == "bfloat16" else torch.float16}[size]
+    raw = torch.from_numpy(np.ascontiguousarray(a).view({2: np.int16, 4: np.int32}[size]).copy())
+    t = raw.view(tdt)
+    if not a.flags.c_contiguous:   # rebuild the same strides
+        strides = tuple(s // size for s in a.strides)
+        buf = torch.empty(int(sum((n - 1) * s for n, s in zip(a.shape, strides)) + 1), dtype=tdt)
+        out = buf.as_strided(a.shape, strides)
+        out.copy_(t)
+        t = out
+    return t
+
+
+def torch_call(call):
+    tc = dict(call)
+    for k in ("x", "conv_state", "weight", "bias"):
+        tc[k] = to_torch(call[k])
+    tc["kw"] = dict(call["kw"])
+    for k in ("num_accepted_tokens", "conv_state_indices", "query_start_loc"):
+        if call["kw"][k] is not None:
+            tc["kw"][k] = torch.from_numpy(np.asarray(call["kw"][k]).copy())
+    return tc
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+@pytest.mark.parametrize("batching", ["fixed", "varlen"])
+@pytest.mark.parametrize("out_mode", ["new", "given", "x"])
+def test_torch_equals_numpy_and_reference(isa, rng, dtype, mode, batching, out_mode):
+    call = make_call(rng, dtype=dtype, W=4, D=100, T=3, B=4, mode=mode, batching=batching, pads=True,
+                     extra=1)
+    tc = torch_call(call)
+    assert tc["x"].dtype == TORCH_DTYPES[dtype]
+    x_np = call["x"].copy()
+    np_out = gdnconv.conv_update_multi(call["x"], call["conv_state"], call["weight"], call["bias"],
+                                       **call["kw"])
+    t_out, _ = run_and_check(tc, out_mode=out_mode, rng=rng)
+    assert isinstance(t_out, torch.Tensor) and t_out.dtype == TORCH_DTYPES[dtype]
+    assert_bits_equal(tc["conv_state"], call["conv_state"], "torch state vs numpy state")
+    skip = skipped_rows(x_np.shape, call["kw"]["conv_state_indices"], call["kw"]["query_start_loc"])
+    assert np.array_equal(bits(t_out)[~skip], bits(np_out)[~skip]), "torch out differs from numpy out"
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_state_slice_of_a_bigger_cache_slots(isa, rng, dtype):
+    """conv_state = cache[2:6]: the caller's cache holds the update, everything else untouched."""
+    tdt = TORCH_DTYPES[dtype]
+    D, W, L, T = 64, 4, 5, 2
+    cache = torch.randn(10, L, D).to(tdt)
+    before = bits(cache)
+    state = cache[2:6]
+    x = torch.randn(3, T, D).to(tdt)
+    w = torch.randn(D, W).to(tdt)
+    idx = torch.tensor([3, -1, 0], dtype=torch.int32)
+    nat = torch.tensor([2, 1, 1], dtype=torch.int32)
+    ref_out, ref_state, mag = reference(x, state, w, None, num_accepted_tokens=nat, conv_state_indices=idx)
+    out = gdnconv.conv_update_multi(x, state, w, num_accepted_tokens=nat, conv_state_indices=idx)
+    assert isinstance(out, torch.Tensor)
+    skip = skipped_rows(tuple(x.shape), idx)
+    assert_out_close(out, ref_out, mag, as_np(out).dtype, True, rows=~skip)
+    after = bits(cache)
+    assert np.array_equal(after[:2], before[:2]) and np.array_equal(after[6:], before[6:])
+    assert_bits_equal(cache[2:6], ref_state, "cache[2:6]")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+def test_state_channel_slice_of_a_bigger_cache(isa, rng, dtype, mode):
+    """conv_state = cache[:, :, 64:128] (a TP shard of a fused cache): written in place."""
+    tdt = TORCH_DTYPES[dtype]
+    D, W, L, T, S = 64, 4, 6, 3, 5
+    cache = torch.randn(S, L, 256).to(tdt)
+    before = bits(cache)
+    state = cache[:, :, 64:128]
+    x = torch.randn(4, T, D).to(tdt)
+    w = torch.randn(D, W).to(tdt)
+    b = torch.randn(D).to(tdt)
+    idx = torch.tensor([4, 0, -1, 2], dtype=torch.int32)
+    nat = torch.tensor([1, 2, 3, 2], dtype=torch.int32) if mode == "spec" else None
+    ref_out, ref_state, mag = reference(x, state, w, b, num_accepted_tokens=nat, conv_state_indices=idx)
+    out = torch.zeros_like(x)
+    res = gdnconv.conv_update_multi(x, state, w, b, num_accepted_tokens=nat, conv_state_indices=idx, out=out)
+    assert res is out
+    skip = skipped_rows(tuple(x.shape), idx)
+    assert_out_close(out, ref_out, mag, as_np(out).dtype, True, rows=~skip)
+    assert (bits(out)[skip] == 0).all()
+    after = bits(cache)
+    assert np.array_equal(after[:, :, :64], before[:, :, :64])
+    assert np.array_equal(after[:, :, 128:], before[:, :, 128:])
+    assert_bits_equal(cache[:, :, 64:128], ref_state, "cache[:, :, 64:128]")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_state_ds_layout_tensor(isa, rng, dtype):
+    """vLLM's DS storage: (S, D, L) contiguous tensor passed as .transpose(1, 2)."""
+    tdt = TORCH_DTYPES[dtype]
+    D, W, L, T, S = 40, 4, 6, 3, 4
+    storage = torch.randn(S, D, L).to(tdt)
+    state = storage.transpose(1, 2)
+    x = torch.randn(2, T, D).to(tdt)
+    w = torch.randn(D, W).to(tdt)
+    idx = torch.tensor([3, 1], dtype=torch.int32)
+    nat = torch.tensor([2, 3], dtype=torch.int32)
+    ref_out, ref_state, mag = reference(x, state, w, None, num_accepted_tokens=nat, conv_state_indices=idx)
+    out = gdnconv.conv_update_multi(x, state, w, num_accepted_tokens=nat, conv_state_indices=idx)
+    assert_out_close(out, ref_out, mag, as_np(out).dtype, True)
+    assert_bits_equal(storage.transpose(1, 2), ref_state, "DS storage")
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_torch_index_tensors(isa, rng, index_dtype):
+    call = make_call(rng, dtype="bf16", W=3, D=48, T=2, B=5, mode="spec", batching="varlen", pads=True)
+    tc = torch_call(call)
+    for k in ("num_accepted_tokens", "conv_state_indices", "query_start_loc"):
+        tc["kw"][k] = tc["kw"][k].to(index_dtype)
+    run_and_check(tc, out_mode="given", rng=rng)
+
+
+def test_torch_fp32_weight_with_bf16_activations(isa, rng):
+    call = make_call(rng, dtype="bf16", W=4, D=96, T=2, B=3, mode="spec", wkind="f32")
+    tc = torch_call(call)
+    assert tc["weight"].dtype == torch.float32 and tc["x"].dtype == torch.bfloat16
+    run_and_check(tc, rng=rng)
+    tc = torch_call(make_call(rng, dtype="bf16", W=4, D=96, T=2, B=3, mode="spec", wkind="f32"))
+    tc["weight"] = gdnconv.pack_weight(tc["weight"])
+    assert isinstance(tc["weight"], torch.Tensor) and tc["weight"].stride() == (1, 96)
+    run_and_check(tc, rng=rng)
+
+
+def test_torch_noncontiguous_x(isa, rng):
+    call = make_call(rng, dtype="fp16", W=4, D=64, T=3, B=3, mode="plain", xmem="chstride")
+    tc = torch_call(call)
+    assert not tc["x"].is_contiguous()
+    run_and_check(tc, out_mode="given", rng=rng)
+
+
+def test_torch_errors_write_nothing():
+    x = torch.randn(2, 2, 16)
+    state = torch.randn(3, 4, 16)
+    w = torch.randn(16, 4)
+    before = bits(state)
+    with pytest.raises(TypeError, match="float16"):
+        gdnconv.conv_update_multi(x.half(), state, w)
+    with pytest.raises(TypeError, match="float64"):
+        gdnconv.conv_update_multi(x.double(), state.double(), w.double())
+    with pytest.raises(ValueError, match="conv_state_indices"):
+        gdnconv.conv_update_multi(x, state, w, conv_state_indices=torch.tensor([1, 1], dtype=torch.int32))
+    with pytest.raises(TypeError, match="conv_state_indices"):
+        gdnconv.conv_update_multi(x, state, w, conv_state_indices=torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="x overlaps conv_state"):
+        gdnconv.conv_update_multi(state[:2, :2], state, w)
+    with pytest.raises(ValueError, match="out overlaps conv_state"):
+        gdnconv.conv_update_multi(x, state, w, out=state[:2, :2])
+    assert np.array_equal(bits(state), before)
