@@ -66,37 +66,58 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
 }
 
 /* silu(y) = y * sigmoid(y) with e = exp(-|y|) in (0, 1]: y / (1 + e) for y >= 0,
- * y * e / (1 + e) below. exp: 2^n * p(r), r = a - n ln2 in [-ln2/2, ln2/2]; p is a
+ * y * e / (1 + e) below. exp: 2^m * q(r), r = a - m ln2 in [-ln2/2, ln2/2]; q is a
  * near-minimax polynomial of degree 5 (rel. error 2e-7) for fp32 outputs and of
  * degree 3 (7.5e-5) for 16-bit ones, whose rounding is 2^-9 (bf16) or 2^-12 (fp16).
- * scalef produces subnormals and zero correctly; NaN propagates. */
-GDN_INLINE V vsilu(V y, int dt) {
-    const V a = _mm512_max_ps(_mm512_set1_ps(-150.0f),  /* NaN passes: max returns operand 2 */
-                              _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y),
+ * scalef produces subnormals and zero correctly; NaN propagates. Each step runs
+ * across all n vectors so their independent chains interleave. */
+#define EACH for (int i = 0; i < n; i++)
+GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
+    V a[4], m[4], r[4], q[4], e[4], d[4];
+    const V one = _mm512_set1_ps(1.0f);
+#pragma GCC unroll 4
+    EACH a[i] = _mm512_max_ps(_mm512_set1_ps(-150.0f),  /* NaN passes: max returns operand 2 */
+                              _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y[i]),
                                                                   _mm512_set1_epi32((int)0x80000000u))));
-    const V n = _mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(1.44269504f)),
+#pragma GCC unroll 4
+    EACH m[i] = _mm512_roundscale_ps(_mm512_mul_ps(a[i], _mm512_set1_ps(1.44269504f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), a);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    V q;
+#pragma GCC unroll 4
+    EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(0.693359375f), a[i]);
+#pragma GCC unroll 4
+    EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(-2.12194440e-4f), r[i]);
     if (dt == GDN_F32) {
-        q = _mm512_fmadd_ps(_mm512_set1_ps(0.008297654800117016f), r, _mm512_set1_ps(0.04191538318991661f));
-        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.16667574644088745f));
-        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.49998894333839417f));
-        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.9999997019767761f));
-        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0000001192092896f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm512_fmadd_ps(_mm512_set1_ps(0.008297654800117016f), r[i], _mm512_set1_ps(0.04191538318991661f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.16667574644088745f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.49998894333839417f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.9999997019767761f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(1.0000001192092896f));
     } else {
-        q = _mm512_fmadd_ps(_mm512_set1_ps(0.16566841304302216f), r, _mm512_set1_ps(0.5049632787704468f));
-        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0001641511917114f));
-        q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.9999280571937561f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm512_fmadd_ps(_mm512_set1_ps(0.16566841304302216f), r[i], _mm512_set1_ps(0.5049632787704468f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(1.0001641511917114f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.9999280571937561f));
     }
-    const V e = _mm512_scalef_ps(q, n);
-    const V d = _mm512_add_ps(e, _mm512_set1_ps(1.0f));
-    V rc = _mm512_rcp14_ps(d);  /* 2^-14; one Newton step for fp32 */
-    if (dt == GDN_F32) rc = _mm512_fmadd_ps(rc, _mm512_fnmadd_ps(d, rc, _mm512_set1_ps(1.0f)), rc);
-    const V s = _mm512_mask_mul_ps(rc, _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LT_OQ), rc, e);
-    return _mm512_mul_ps(y, s);
+#pragma GCC unroll 4
+    EACH e[i] = _mm512_scalef_ps(q[i], m[i]);
+#pragma GCC unroll 4
+    EACH d[i] = _mm512_rcp14_ps(_mm512_add_ps(e[i], one));  /* 2^-14; one Newton step for fp32 */
+    if (dt == GDN_F32) {
+#pragma GCC unroll 4
+        EACH d[i] = _mm512_fmadd_ps(d[i], _mm512_fnmadd_ps(_mm512_add_ps(e[i], one), d[i], one), d[i]);
+    }
+#pragma GCC unroll 4
+    EACH y[i] = _mm512_mul_ps(y[i], _mm512_mask_mul_ps(d[i], _mm512_cmp_ps_mask(y[i], _mm512_setzero_ps(), _CMP_LT_OQ),
+                                                       d[i], e[i]));
 }
+#undef EACH
 
 #define SIMD_KERNEL gdn_kernel_avx512
 #include "conv_simd_body.h"

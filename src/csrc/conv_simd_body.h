@@ -4,93 +4,113 @@
  *   LANES             channels per vector
  *   ld_raw, st_raw    load / store LANES raw elements of dtype dt
  *   to_f32, from_f32  raw <-> fp32 (rounding to nearest even)
- *   vload, vstore, vfma, vsilu
+ *   vload, vstore, vfma
+ *   vsilu_n(y, n, dt)     silu of n vectors in place, each step across all n
  *   gather_taps(v, W, k)  tap k of LANES channels from W vectors holding [LANES, W]
  *   SIMD_KERNEL       the name of the kernel to define
  * Channel tails (fewer than LANES channels) go to the shared scalar core. */
 
+#define GDN_SLAB 8  /* tokens staged at a time */
+
+/* Tokens j0 .. j0+n-1 of a slab, one line step (NV vectors per row): the tokens are
+ * rows H + j of the staging buffer, outputs go to out rows j. The convolutions
+ * run first, then SiLU stage by stage across the n*NV vectors (independent chains
+ * side by side keep the FP pipes busy: the exp-reciprocal chain is ~45 cycles
+ * long), then the stores. The window hf slides by n. */
+GDN_INLINE void simd_tokens(const char *xs, int64_t bs, char *os, int64_t ot, int64_t j0, V w[][4],
+                            const V *b, V hf[][4], const int n, const int NV, const int dt, const int W,
+                            const int silu) {
+    const int H = W - 1;
+    const int64_t ve = LANES * gdn_elsize(dt);
+    V E[GDN_MAX_WIDTH - 1 + 4][4], acc[4];   /* window then the n new tokens, fp32 */
+#pragma GCC unroll 8
+    for (int k = 0; k < H; k++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) E[k][v] = hf[k][v];
+#pragma GCC unroll 4
+    for (int j = 0; j < n; j++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            E[H + j][v] = to_f32(ld_raw(xs + (H + j0 + j) * bs + v * ve, dt), dt);
+            acc[j * NV + v] = b[v];
+#pragma GCC unroll 8
+            for (int k = 0; k < W; k++) acc[j * NV + v] = vfma(w[k][v], E[j + k][v], acc[j * NV + v]);
+        }
+    if (silu) vsilu_n(acc, n * NV, dt);
+#pragma GCC unroll 4
+    for (int j = 0; j < n; j++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) st_raw(os + (j0 + j) * ot + v * ve, from_f32(acc[j * NV + v], dt), dt);
+#pragma GCC unroll 8
+    for (int k = 0; k < H; k++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) hf[k][v] = E[n + k][v];
+}
+
+/* bytes (a multiple of 64) from src to dst, raw */
+GDN_INLINE void simd_copy(char *dst, const char *src, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += LANES * 4) st_raw(dst + o, ld_raw(src + o, GDN_F32), GDN_F32);
+}
+
 /* One (request group, channel block) unit for constant dtype, width and activation.
- * A step covers one 64-byte line of every row (NV vectors): the W-1 history rows
- * and the weights live in registers, every token is read once, its output and
- * (spec mode) its state row written, and the plain-mode roll stores the last W-1
- * inputs at the end. Whole lines matter: the rows of x, out and conv_state are
- * often a multiple of 4 KiB apart, so the ~2T+L lines a step touches share one L1
- * set and evict each other; a half-line step would fetch each line twice
- * (measured at B=1, D=8192 bf16: 2.3 ns per channel with 16-channel steps). */
+ *
+ * Every row a request touches is staged through a small buffer, row by row: the
+ * rows of x, out and conv_state are often a multiple of 4 KiB apart, so reading
+ * or writing one channel position in all ~2T+L of them at once lands every line in
+ * one L1 set, which thrashes (measured at B=1, D=8192 bf16: 2.9 ns per channel,
+ * against 1.0 when D=8704). Per slab of up to GDN_SLAB tokens:
+ *   buf rows 0..H-1 = the window (conv_state rows off..off+H-1, then the last H
+ *   inputs of the previous slab), rows H.. = the slab's tokens (raw bits);
+ *   the state roll is written from buf, row by row; the convolution reads buf,
+ *   with weights and history in registers, and writes out. Everything is read
+ *   before anything is written, so out may be x. */
 GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                           const float *const *wrow, const float *brow, const int dt, const int W,
                           const int silu) {
     const int H = W - 1;
-    const int64_t e = gdn_elsize(dt), sl = p->state_stride_l * e;
+    const int64_t e = gdn_elsize(dt), ve = LANES * e, sl = p->state_stride_l * e;
     const int64_t xt = p->x_stride_t * e, ot = p->out_stride_t * e;
-    const int NV = LANES * e < 64 ? (int)(64 / (LANES * e)) : 1;   /* vectors per line */
-    const int G = 4 / NV > 1 ? 4 / NV : 1;                          /* tokens loaded ahead */
-    const int64_t step = NV * LANES, nline = (c1 - c0) / step * step;
+    const int NV = ve < 64 ? (int)(64 / ve) : 1;     /* vectors per 64-byte line */
+    const int G = 4 / NV;                             /* tokens per group: G * NV = 4 vectors */
+    const int64_t step = NV * LANES, nline = (c1 - c0) / step * step, bytes = nline * e;
+    const int64_t bs = GDN_BLOCK_CHANNELS * e;       /* buf row stride */
     const int spec = p->num_accepted_tokens != NULL;
+    GDN_ALIGN64 char buf[(GDN_MAX_WIDTH - 1 + GDN_SLAB) * GDN_BLOCK_CHANNELS * 4];
     for (int64_t i = r0; i < r1; i++) {
         const gdn_request r = gdn_get_request(p, i);
         if (r.skip) continue;
-        for (int64_t c = 0; c < nline; c += step) {
-            char *st = r.state + e * (c0 + c);      /* [L, D] at this channel */
-            const char *xs = r.x + e * (c0 + c);    /* [T, D] */
-            char *os = r.out + e * (c0 + c);        /* [T, D] */
-            V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
-            R hr[GDN_MAX_WIDTH - 1][4];
-#pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) {
-                b[v] = vload(brow + c + v * LANES);
-#pragma GCC unroll 8
-                for (int k = 0; k < W; k++) w[k][v] = vload(wrow[k] + c + v * LANES);
-#pragma GCC unroll 8
-                for (int k = 0; k < H; k++) {
-                    hr[k][v] = ld_raw(st + (r.off + k) * sl + v * LANES * e, dt);
-                    hf[k][v] = to_f32(hr[k][v], dt);
-                }
-            }
-            if (spec)  /* rows 0..W-3 <- window rows 1..W-2, read above */
-#pragma GCC unroll 8
-                for (int k = 0; k + 1 < H; k++)
-#pragma GCC unroll 4
-                    for (int v = 0; v < NV; v++) st_raw(st + k * sl + v * LANES * e, hr[k + 1][v], dt);
-            /* G tokens are loaded before the first of their stores, so no load waits
-             * behind a store to the same offset in another 4 KiB page. */
-            for (int64_t t0 = 0; t0 < r.T; t0 += G) {
-                const int64_t n = r.T - t0 < G ? r.T - t0 : G;
-                R xr[4][4];
-#pragma GCC unroll 4
-                for (int j = 0; j < G; j++)
-                    if (j < n)
-#pragma GCC unroll 4
-                        for (int v = 0; v < NV; v++) xr[j][v] = ld_raw(xs + (t0 + j) * xt + v * LANES * e, dt);
-#pragma GCC unroll 4
-                for (int j = 0; j < G; j++) {
-                    if (j >= n) break;
-                    const int64_t t = t0 + j;
+        char *st = r.state + e * c0;     /* [L, D] at channel c0 */
+        if (nline > 0) {
+            for (int k = 0; k < H; k++) simd_copy(buf + k * bs, st + (r.off + k) * sl, bytes);
+            if (spec)  /* rows 0..W-3 <- window rows 1..W-2 */
+                for (int k = 0; k + 1 < H; k++) simd_copy(st + k * sl, buf + (k + 1) * bs, bytes);
+            for (int64_t t0 = 0; t0 < r.T; t0 += GDN_SLAB) {
+                const int64_t nt = r.T - t0 < GDN_SLAB ? r.T - t0 : GDN_SLAB;
+                for (int64_t j = 0; j < nt; j++)
+                    simd_copy(buf + (H + j) * bs, r.x + e * c0 + (t0 + j) * xt, bytes);
+                if (spec)  /* rows W-2+t <- x[t] */
+                    for (int64_t j = 0; j < nt; j++) simd_copy(st + (W - 2 + t0 + j) * sl, buf + (H + j) * bs, bytes);
+                char *os = r.out + e * c0 + t0 * ot;
+                for (int64_t c = 0; c < nline; c += step) {
+                    V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
 #pragma GCC unroll 4
                     for (int v = 0; v < NV; v++) {
-                        const V xf = to_f32(xr[j][v], dt);
-                        V acc = b[v];
+                        b[v] = vload(brow + c + v * LANES);
 #pragma GCC unroll 8
-                        for (int k = 0; k < H; k++) acc = vfma(w[k][v], hf[k][v], acc);
-                        acc = vfma(w[H][v], xf, acc);
-                        if (silu) acc = vsilu(acc, dt);
-                        st_raw(os + t * ot + v * LANES * e, from_f32(acc, dt), dt);
-                        if (spec) st_raw(st + (W - 2 + t) * sl + v * LANES * e, xr[j][v], dt);
+                        for (int k = 0; k < W; k++) w[k][v] = vload(wrow[k] + c + v * LANES);
 #pragma GCC unroll 8
-                        for (int k = 0; k + 1 < H; k++) {
-                            hf[k][v] = hf[k + 1][v];
-                            hr[k][v] = hr[k + 1][v];
-                        }
-                        hf[H - 1][v] = xf;
-                        hr[H - 1][v] = xr[j][v];
+                        for (int k = 0; k < H; k++) hf[k][v] = to_f32(ld_raw(buf + k * bs + (c + v * LANES) * e, dt), dt);
                     }
+                    int64_t j = 0;
+                    for (; j + G <= nt; j += G)
+                        simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, G, NV, dt, W, silu);
+                    for (; j < nt; j++)
+                        simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 1, NV, dt, W, silu);
                 }
+                memmove(buf, buf + nt * bs, (size_t)(H * bs));  /* the last H inputs become the window */
             }
             if (!spec)  /* rows 0..W-2 <- the last W-1 inputs of the window */
-#pragma GCC unroll 8
-                for (int k = 0; k < H; k++)
-#pragma GCC unroll 4
-                    for (int v = 0; v < NV; v++) st_raw(st + k * sl + v * LANES * e, hr[k][v], dt);
+                for (int k = 0; k < H; k++) simd_copy(st + k * sl, buf + k * bs, bytes);
         }
         if (nline < c1 - c0) gdn_scalar_range(p, &r, c0 + nline, c1);
     }
