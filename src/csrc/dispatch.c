@@ -130,7 +130,7 @@ void gdn_run(const gdn_params *p, int num_threads) {
     if (num_threads > 1 && gdn_bytes_moved(p) < GDN_PARALLEL_MIN_BYTES) num_threads = 1;
 #ifdef _OPENMP
     if (num_threads > 1) {
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
         for (int64_t u = 0; u < units; u++) run_unit(p, kernel, u, groups);
         return;
     }

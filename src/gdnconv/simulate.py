@@ -464,6 +464,7 @@ def simulate(args):
             "live_tokens": int(live.sum()),
             "tokens_per_step": float(live.mean()),
             "pad_entries": pads,
+            "pad_tokens": int(sum(len(s.pad_rows) for s in schedule)),   # fed but not counted in tokens/s
             "pad_fraction": pads / entries if entries else 0.0,
             "slot_resets": int(sum(len(s.resets) for s in schedule)),
             "mean_accepted": float(accepted.mean()) if accepted.size else 0.0,
@@ -583,7 +584,7 @@ def add_arguments(parser):
                         help="verify every output against the float64 reference")
     parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True,
                         help="replay the workload through the per-request torch loop")
-    parser.add_argument("--torch-steps", type=int, default=400,
+    parser.add_argument("--torch-steps", type=int, default=300,
                         help="replay at most this many (leading) steps through the torch loop")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="progress bar on stderr (tqdm; off when not a tty)")
