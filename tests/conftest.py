@@ -62,7 +62,10 @@ def as_np(a):
 
 
 def f64(a):
-    return None if a is None else as_np(a).astype(np.float64)
+    if a is None:
+        return None
+    with np.errstate(invalid="ignore"):   # signaling NaNs warn when cast
+        return as_np(a).astype(np.float64)
 
 
 def abs64(a):
@@ -242,8 +245,12 @@ def make_call(rng, *, dtype="fp32", W=4, D=16, T=1, B=2, mode="plain", batching=
     x = alloc(rng, x_shape, dt, xmem)
     if state_layout == "SD":
         state = rng.standard_normal((S, L, D)).astype(dt)
-    else:  # vLLM "DS": L contiguous, passed as a transposed view
+    elif state_layout == "SDpad":  # a window of a bigger cache: padded slots, rows and channels
+        state = rng.standard_normal((S + 1, L + 2, D + 8)).astype(dt)[1:, 1:L + 1, 4:D + 4]
+    elif state_layout == "DS":  # vLLM "DS": L contiguous, passed as a transposed view
         state = rng.standard_normal((S, D, L)).astype(dt).transpose(0, 2, 1)
+    else:
+        raise ValueError(state_layout)
     wdt = dt if wkind == "same" else F32
     w = (rng.standard_normal((D, W)) / np.sqrt(W)).astype(wdt)
     if wkind == "packed":
@@ -260,12 +267,14 @@ def make_call(rng, *, dtype="fp32", W=4, D=16, T=1, B=2, mode="plain", batching=
 
 
 def sentinel_like(rng, x):
-    """An array of x's shape, dtype and strides filled with recognisable garbage."""
+    """An array of x's shape and dtype filled with recognisable garbage, in a random memory
+    layout (contiguous, padded rows, or strided channels) for NumPy."""
     if is_tensor(x):
         out = x.clone()
         out.copy_(out.new_tensor(rng.standard_normal(tuple(x.shape)) * 100))
         return out
-    out = np.empty_like(x) if x.flags.c_contiguous else alloc(rng, x.shape, x.dtype, "rowpad")
+    mem = ("contig", "rowpad", "chstride")[int(rng.integers(3))]
+    out = alloc(rng, x.shape, x.dtype, mem)
     out[...] = (rng.standard_normal(x.shape) * 100).astype(x.dtype)
     return out
 

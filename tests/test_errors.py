@@ -5,7 +5,7 @@ import pytest
 
 import gdnconv
 from conftest import (BF16, as_np, assert_bits_equal, assert_out_close, bits, make_call, reference,
-                      run_and_check, skipped_rows)
+                      skipped_rows)
 
 D, W, B, T, S, L = 16, 4, 3, 2, 5, 5
 
@@ -175,6 +175,7 @@ CASES = [
     ("weight-list", _set(weight=lambda kw: kw["weight"].tolist()), TypeError, ["weight"]),
     ("out-list", _set(out=lambda kw: kw["out"].tolist()), TypeError, ["out"]),
     ("pad_slot_id-float", _set(pad_slot_id=1.5), TypeError, ["pad_slot_id"]),
+    ("pad_slot_id-beyond-int64", _set(pad_slot_id=2**70), ValueError, ["pad_slot_id"]),
 ]
 
 VARLEN_CASES = [
@@ -260,14 +261,16 @@ def test_interleaved_x_and_out_in_one_buffer_accepted(isa, rng, dtype, mode):
     buf[..., Dd:] = (rng.standard_normal(call["x"].shape) * 9).astype(call["x"].dtype)
     call["x"] = buf[..., :Dd]
     out = buf[..., Dd:]
-    x_before = bits(call["x"])
+    x_before, out_before = bits(call["x"]), bits(out)
     ref_out, ref_state, mag = reference(call["x"], call["conv_state"], call["weight"], call["bias"],
                                         **call["kw"])
     res = gdnconv.conv_update_multi(call["x"], call["conv_state"], call["weight"], call["bias"],
                                     out=out, **call["kw"])
     assert res is out
     skip = skipped_rows(call["x"].shape, call["kw"]["conv_state_indices"])
+    assert skip.any()
     assert_out_close(out, ref_out, mag, as_np(out).dtype, True, rows=~skip)
+    assert np.array_equal(bits(out)[skip], out_before[skip]), "pad rows of out must be untouched"
     assert np.array_equal(bits(call["x"]), x_before), "x must not be written"
     assert_bits_equal(call["conv_state"], ref_state, "conv_state")
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 @st.composite
 def calls(draw):
     W = draw(st.integers(2, 8))
-    T = draw(st.integers(1, 5))
+    T = draw(st.one_of(st.integers(1, 5), st.integers(6, 20)))
     mode = draw(st.sampled_from(["plain", "spec"]))
     batching = draw(st.sampled_from(["fixed", "varlen"]))
     return dict(
@@ -24,7 +24,7 @@ def calls(draw):
         extra=draw(st.integers(0, 3)),
         pads=draw(st.booleans()),
         pad_slot_id=draw(st.sampled_from([-1, -1, -3, 99])),
-        state_layout=draw(st.sampled_from(["SD", "DS"])),
+        state_layout=draw(st.sampled_from(["SD", "DS", "SDpad"])),
         wkind=draw(st.sampled_from(["same", "f32", "packed", "wT"])),
         bias=draw(st.booleans()),
         activation=draw(st.sampled_from(["silu", None])),

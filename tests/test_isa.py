@@ -11,9 +11,6 @@ import gdnconv
 from conftest import (DTYPES, allowed_error, assert_bits_equal, f64, make_call, reference,
                       run_and_check, skipped_rows)
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-
-
 def _run_python(code, isa_env):
     env = dict(os.environ)
     env["GDNCONV_ISA"] = isa_env

@@ -172,3 +172,23 @@ def test_torch_errors_write_nothing():
     with pytest.raises(ValueError, match="out overlaps conv_state"):
         gdnconv.conv_update_multi(x, state, w, out=state[:2, :2])
     assert np.array_equal(bits(state), before)
+
+
+@pytest.mark.parametrize("arg", ["conv_state", "out"])
+def test_self_overlapping_written_tensor_refused(arg):
+    """An expanded (stride-0) tensor as conv_state or out puts two slots (or two requests'
+    outputs) on the same memory: the memory-level twin of duplicate slots, and a tensor torch
+    itself refuses to write in place. The call must be refused, naming the argument, with
+    nothing written."""
+    D, W = 16, 4
+    x = torch.stack([torch.full((1, D), 1.0), torch.full((1, D), 2.0)])       # (2, 1, D)
+    w = torch.tensor([[1.0, 10.0, 100.0, 1000.0]]).repeat(D, 1)
+    base_state = torch.arange(3.0).repeat(D, 1).t().reshape(1, 3, D).contiguous()
+    base_out = torch.full((1, 1, D), 7.0)
+    state = base_state.expand(2, 3, D) if arg == "conv_state" else base_state.repeat(2, 1, 1)
+    out = base_out.expand(2, 1, D) if arg == "out" else None
+    watched = base_state if arg == "conv_state" else base_out
+    before = bits(watched)
+    with pytest.raises(ValueError, match=arg):
+        gdnconv.conv_update_multi(x, state, w, activation=None, out=out)
+    assert np.array_equal(bits(watched), before)

@@ -135,6 +135,9 @@ cdef int _view(object a, View *v, str name) except -1:
     cdef int64_t size
     if cnp.PyArray_Check(a):
         arr = <cnp.ndarray>a
+        if not cnp.PyArray_ISNOTSWAPPED(arr):
+            raise ValueError(f"{name} has non-native byte order (dtype {a.dtype.str}): "
+                             f"use {name}.astype({name}.dtype.newbyteorder('='))")
         v.ndim = cnp.PyArray_NDIM(arr)
         if v.ndim > 3:
             raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(a.shape)}")
@@ -175,6 +178,39 @@ cdef int _view(object a, View *v, str name) except -1:
         size *= v.shape[i]
     if size and (<uintptr_t>v.ptr) % v.itemsize:
         raise ValueError(f"{name} data is not aligned to its item size {v.itemsize}")
+    return 0
+
+
+cdef object _native(object a):
+    """An input in native byte order (a copy only when it was byte-swapped)."""
+    if cnp.PyArray_Check(a) and not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a):
+        return a.astype(a.dtype.newbyteorder("="))
+    return a
+
+
+cdef int _refuse_self_overlap(const View *v, str name) except -1:
+    """A written array must give every element its own memory. Checked by sorting
+    the dimensions by stride: each stride must step over everything inside it.
+    (A few exotic interleaved layouts without overlap are refused too.)"""
+    cdef int i, j, order[3]
+    cdef int64_t span = 1, st
+    n = 0
+    for i in range(v.ndim):
+        if v.shape[i] > 1:
+            order[n] = i
+            n += 1
+    for i in range(1, n):  # insertion sort by |stride|
+        j = i
+        while j > 0 and abs(v.strides[order[j - 1]]) > abs(v.strides[order[j]]):
+            order[j - 1], order[j] = order[j], order[j - 1]
+            j -= 1
+    for i in range(n):
+        st = abs(v.strides[order[i]])
+        if st < span:
+            raise ValueError(f"{name} overlaps itself (shape {tuple(v.shape[k] for k in range(v.ndim))}, "
+                             f"strides {tuple(v.strides[k] for k in range(v.ndim))} in elements): "
+                             f"every element it holds must have its own memory")
+        span = st * v.shape[order[i]]
     return 0
 
 
@@ -406,7 +442,8 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
         TypeError: an argument is not an array/tensor, dtypes are unsupported or mixed,
             or an index array is not of an integer dtype.
         ValueError: wrong rank or shape, ``D``/``W`` mismatch, width outside 2..8,
-            ``state_len`` too small, slot out of range or used twice,
+            ``state_len`` too small, slot out of range or used twice, a written
+            array that overlaps itself or has non-native byte order,
             ``num_accepted_tokens`` out of range, bad ``query_start_loc``, read-only
             ``conv_state``/``out``, ``out`` overlapping ``conv_state`` (or ``x``
             without being ``x``), ``x`` overlapping ``conv_state``, non-CPU tensors.
@@ -427,10 +464,15 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
     nthreads = _num_threads if num_threads is None else _check_threads(num_threads, "num_threads")
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
         raise TypeError(f"pad_slot_id must be an integer, got {pad_slot_id!r}")
+    if not -2**63 <= pad_slot_id < 2**63:
+        raise ValueError(f"pad_slot_id = {pad_slot_id} is outside the int64 range")
 
     # ---- arrays and dtypes
     if not (cnp.PyArray_Check(x) or _is_tensor(x)):
         x = np.asarray(x)
+    x = _native(x)
+    weight = _native(weight)
+    bias = _native(bias)
     _view(x, &xv, "x")
     _view(conv_state, &sv, "conv_state")
     _view(weight, &wv, "weight")
@@ -469,6 +511,7 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
                          f"match weight dim {D}")
     if not sv.writeable:
         raise ValueError("conv_state is read-only: it is updated in place")
+    _refuse_self_overlap(&sv, "conv_state")
     if xv.ndim == 3:
         if query_start_loc is not None:
             raise ValueError(f"x must be 2-D (N, D) with query_start_loc, got shape {tuple(x.shape)}")
@@ -498,6 +541,7 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             raise ValueError(f"out shape {tuple(out.shape)} does not match x shape {tuple(x.shape)}")
         if not ov.writeable:
             raise ValueError("out is read-only")
+        _refuse_self_overlap(&ov, "out")
         out_is_x = _same_view(&ov, &xv)
 
     # ---- index arrays
