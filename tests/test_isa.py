@@ -67,7 +67,7 @@ def test_isa_lists_and_set_isa():
     compiled, available = gdnconv.compiled_isas(), gdnconv.available_isas()
     assert compiled[-1] == "scalar" and available[-1] == "scalar"
     assert [n for n in compiled if n in available] == available
-    assert set(compiled) <= {"avx512", "avx2", "scalar"}
+    assert set(compiled) <= {"avx512bf16", "avx512", "avx2", "scalar"}
     previous = gdnconv.active_isa()
     try:
         for name in available:
@@ -171,3 +171,15 @@ def test_isas_agree(rng, dtype, mode, W, activation):
             if a < b:
                 assert np.all(np.abs(results[a][0] - results[b][0]) <= 2 * tol), f"{a} vs {b}"
                 assert_bits_equal(results[a][1], results[b][1], f"state {a} vs {b}")
+
+
+def test_isa_availability_follows_cpu_features():
+    """Each SIMD kernel is available exactly when the features it needs are detected."""
+    f = gdnconv.cpu_features()
+    compiled, available = gdnconv.compiled_isas(), gdnconv.available_isas()
+    avx2 = f["os_avx"] and f["avx2"] and f["fma"] and f["f16c"]
+    avx512 = (f["os_avx512"] and f["avx512f"] and f["avx512bw"] and f["avx512vl"] and f["avx512dq"]
+              and f["fma"] and f["f16c"])
+    expect = {"avx2": avx2, "avx512": avx512, "avx512bf16": avx512 and f["avx512_bf16"], "scalar": True}
+    for name in compiled:
+        assert (name in available) == bool(expect[name]), (name, f)

@@ -1,15 +1,18 @@
-/* AVX-512 kernel (F/BW/VL/DQ + FMA + F16C): 16 channels per zmm, fp32 arithmetic. */
+/* AVX-512 kernels (F/BW/VL/DQ + FMA + F16C): 16 channels per zmm, fp32 arithmetic.
+ * Two entries: avx512bf16 stores bf16 with vcvtneps2bf16 (one instruction instead
+ * of eight, same bits); avx512 rounds in integer arithmetic and never executes an
+ * AVX512-BF16 instruction, although the file is compiled with that target enabled. */
 #include "conv_common.h"
 
 #ifdef GDN_HAVE_AVX512
 #include <immintrin.h>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c"))), \
                              apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
 #endif
 
 typedef __m512 V;
@@ -35,6 +38,10 @@ GDN_INLINE R from_f32(V v, int dt) {
     if (dt == GDN_F32) return _mm512_castps_si512(v);
     if (dt == GDN_F16)
         return _mm512_castsi256_si512(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    /* vcvtneps2bf16 flushes subnormals; a vector holding one (fpclass 0x20) takes
+     * the integer rounding below, so every path rounds the same, bit for bit */
+    if (dt == GDN_BF16_NATIVE && !_mm512_fpclass_ps_mask(v, 0x20))
+        return _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v));
     /* bf16, round to nearest even on the bits; NaN keeps its sign and top payload, made quiet */
     const __m512i u = _mm512_castps_si512(v);
     const __m512i hi = _mm512_srli_epi32(u, 16);
@@ -73,54 +80,61 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
  * across all n vectors so their independent chains interleave. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
-    V a[4], m[4], r[4], q[4], e[4], d[4];
+    V a[8], m[8], r[8], q[8], e[8], d[8];
     const V one = _mm512_set1_ps(1.0f);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     EACH a[i] = _mm512_max_ps(_mm512_set1_ps(-150.0f),  /* NaN passes: max returns operand 2 */
                               _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y[i]),
                                                                   _mm512_set1_epi32((int)0x80000000u))));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     EACH m[i] = _mm512_roundscale_ps(_mm512_mul_ps(a[i], _mm512_set1_ps(1.44269504f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(0.693359375f), a[i]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(-2.12194440e-4f), r[i]);
     if (dt == GDN_F32) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         EACH q[i] = _mm512_fmadd_ps(_mm512_set1_ps(0.008297654800117016f), r[i], _mm512_set1_ps(0.04191538318991661f));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.16667574644088745f));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.49998894333839417f));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.9999997019767761f));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(1.0000001192092896f));
     } else {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         EACH q[i] = _mm512_fmadd_ps(_mm512_set1_ps(0.16566841304302216f), r[i], _mm512_set1_ps(0.5049632787704468f));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(1.0001641511917114f));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.9999280571937561f));
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     EACH e[i] = _mm512_scalef_ps(q[i], m[i]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     EACH d[i] = _mm512_rcp14_ps(_mm512_add_ps(e[i], one));  /* 2^-14; one Newton step for fp32 */
     if (dt == GDN_F32) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         EACH d[i] = _mm512_fmadd_ps(d[i], _mm512_fnmadd_ps(_mm512_add_ps(e[i], one), d[i], one), d[i]);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     EACH y[i] = _mm512_mul_ps(y[i], _mm512_mask_mul_ps(d[i], _mm512_cmp_ps_mask(y[i], _mm512_setzero_ps(), _CMP_LT_OQ),
                                                        d[i], e[i]));
 }
 #undef EACH
 
-#define SIMD_KERNEL gdn_kernel_avx512
 #include "conv_simd_body.h"
+
+void gdn_kernel_avx512(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    simd_kernel(p, r0, r1, c0, c1, 0);
+}
+
+void gdn_kernel_avx512bf16(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    simd_kernel(p, r0, r1, c0, c1, 1);
+}
 
 #if defined(__clang__)
 #pragma clang attribute pop

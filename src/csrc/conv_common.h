@@ -38,9 +38,15 @@ void gdn_kernel_avx2(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, in
 #endif
 #ifdef GDN_HAVE_AVX512
 void gdn_kernel_avx512(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+void gdn_kernel_avx512bf16(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
 #endif
 
 /* ---- one request ---- */
+/* Internal dtype code: bf16 stored with the AVX512-BF16 conversion instruction
+ * (round to nearest even; the kernel rounds subnormals itself). Only SIMD
+ * kernels see it. */
+#define GDN_BF16_NATIVE 3
+
 typedef struct gdn_request {
     int skip;        /* pad slot or no tokens: nothing read, nothing written */
     int64_t T;       /* tokens this step */

@@ -7,7 +7,7 @@
  *   vload, vstore, vfma
  *   vsilu_n(y, n, dt)     silu of n vectors in place, each step across all n
  *   gather_taps(v, W, k)  tap k of LANES channels from W vectors holding [LANES, W]
- *   SIMD_KERNEL       the name of the kernel to define
+ and then defines its kernels as calls of simd_kernel().
  * Channel tails (fewer than LANES channels) go to the shared scalar core. */
 
 #define GDN_SLAB 8  /* tokens staged at a time */
@@ -22,12 +22,12 @@ GDN_INLINE void simd_tokens(const char *xs, int64_t bs, char *os, int64_t ot, in
                             const int silu) {
     const int H = W - 1;
     const int64_t ve = LANES * gdn_elsize(dt);
-    V E[GDN_MAX_WIDTH - 1 + 4][4], acc[4];   /* window then the n new tokens, fp32 */
+    V E[GDN_MAX_WIDTH - 1 + 8][4], acc[8];   /* window then the n new tokens, fp32 */
 #pragma GCC unroll 8
     for (int k = 0; k < H; k++)
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) E[k][v] = hf[k][v];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < n; j++)
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
@@ -37,7 +37,7 @@ GDN_INLINE void simd_tokens(const char *xs, int64_t bs, char *os, int64_t ot, in
             for (int k = 0; k < W; k++) acc[j * NV + v] = vfma(w[k][v], E[j + k][v], acc[j * NV + v]);
         }
     if (silu) vsilu_n(acc, n * NV, dt);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < n; j++)
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) st_raw(os + (j0 + j) * ot + v * ve, from_f32(acc[j * NV + v], dt), dt);
@@ -71,7 +71,7 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
     const int64_t e = gdn_elsize(dt), ve = LANES * e, sl = p->state_stride_l * e;
     const int64_t xt = p->x_stride_t * e, ot = p->out_stride_t * e;
     const int NV = ve < 64 ? (int)(64 / ve) : 1;     /* vectors per 64-byte line */
-    const int G = 4 / NV;                             /* tokens per group: G * NV = 4 vectors */
+    const int G = 8 / NV;                             /* tokens per group: G * NV = 8 vectors */
     const int64_t step = NV * LANES, nline = (c1 - c0) / step * step, bytes = nline * e;
     const int64_t bs = GDN_BLOCK_CHANNELS * e;       /* buf row stride */
     const int spec = p->num_accepted_tokens != NULL;
@@ -101,11 +101,19 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
 #pragma GCC unroll 8
                         for (int k = 0; k < H; k++) hf[k][v] = to_f32(ld_raw(buf + k * bs + (c + v * LANES) * e, dt), dt);
                     }
+                    /* groups of G tokens, the remainder (< G) in halving groups */
                     int64_t j = 0;
                     for (; j + G <= nt; j += G)
                         simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, G, NV, dt, W, silu);
-                    for (; j < nt; j++)
-                        simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 1, NV, dt, W, silu);
+                    if (G > 4 && j + 4 <= nt) {
+                        simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 4, NV, dt, W, silu);
+                        j += 4;
+                    }
+                    if (G > 2 && j + 2 <= nt) {
+                        simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 2, NV, dt, W, silu);
+                        j += 2;
+                    }
+                    if (j < nt) simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 1, NV, dt, W, silu);
                 }
                 memmove(buf, buf + nt * bs, (size_t)(H * bs));  /* the last H inputs become the window */
             }
@@ -131,7 +139,10 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
     switch (p->dtype) {                                                                 \
     case GDN_F32: SIMD_UNIT_WIDTHS(GDN_F32, silu) break;                                \
     case GDN_F16: SIMD_UNIT_WIDTHS(GDN_F16, silu) break;                                \
-    default: SIMD_UNIT_WIDTHS(GDN_BF16, silu) break;                                    \
+    default:                                                                            \
+        if (bf16_native) SIMD_UNIT_WIDTHS(GDN_BF16_NATIVE, silu)                         \
+        else SIMD_UNIT_WIDTHS(GDN_BF16, silu)                                           \
+        break;                                                                          \
     }
 
 /* Weights of LANES channels from a contiguous (D, W) array to W fp32 tap vectors:
@@ -160,7 +171,10 @@ GDN_INLINE void simd_fill_weights(const gdn_params *p, int64_t c0, int64_t nvec,
     default: simd_fill_weights(p, c0, nvec, &wbuf[0][0], wdt, 8); break;                  \
     }
 
-void SIMD_KERNEL(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+/* The kernel; bf16_native (a constant) stores bf16 with the ISA's conversion
+ * instruction (dtype code GDN_BF16_NATIVE) instead of integer rounding. */
+GDN_INLINE void simd_kernel(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                            const int bf16_native) {
     /* fp32 weights with unit channel stride (pack_weight's layout) are read in
      * place; any other weights are converted once per unit, tap-major. */
     GDN_ALIGN64 float wbuf[GDN_MAX_WIDTH][GDN_BLOCK_CHANNELS];

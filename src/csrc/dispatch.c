@@ -14,6 +14,7 @@ typedef struct {
 static int avx512_ok(const gdn_cpu_features *f) {
     return f->os_avx512 && f->avx512f && f->avx512bw && f->avx512vl && f->avx512dq && f->fma && f->f16c;
 }
+static int avx512bf16_ok(const gdn_cpu_features *f) { return avx512_ok(f) && f->avx512_bf16; }
 #endif
 #ifdef GDN_HAVE_AVX2
 static int avx2_ok(const gdn_cpu_features *f) { return f->os_avx && f->avx2 && f->fma && f->f16c; }
@@ -23,6 +24,7 @@ static int scalar_ok(const gdn_cpu_features *f) { (void)f; return 1; }
 /* Best first; the first supported entry is the default. */
 static const gdn_isa_entry isa_table[] = {
 #ifdef GDN_HAVE_AVX512
+    {"avx512bf16", avx512bf16_ok, gdn_kernel_avx512bf16},
     {"avx512", avx512_ok, gdn_kernel_avx512},
 #endif
 #ifdef GDN_HAVE_AVX2
