@@ -71,39 +71,39 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
  * except for bf16 outputs. Each step runs across all n vectors. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
-    V a[8], m[8], r[8], q[8], e[8], d[8];
+    V a[4], m[4], r[4], q[4], e[4], d[4];
     const V one = _mm256_set1_ps(1.0f);
     const __m256i bias = _mm256_set1_epi32(127);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     EACH a[i] = _mm256_max_ps(_mm256_set1_ps(-150.0f),
                               _mm256_or_ps(y[i], _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     EACH m[i] = _mm256_round_ps(_mm256_mul_ps(a[i], _mm256_set1_ps(1.44269504f)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(0.693359375f), a[i]);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(-2.12194440e-4f), r[i]);
     if (dt == GDN_F32) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         EACH q[i] = _mm256_fmadd_ps(_mm256_set1_ps(0.008297654800117016f), r[i], _mm256_set1_ps(0.04191538318991661f));
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.16667574644088745f));
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.49998894333839417f));
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.9999997019767761f));
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(1.0000001192092896f));
     } else {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         EACH q[i] = _mm256_fmadd_ps(_mm256_set1_ps(0.16566841304302216f), r[i], _mm256_set1_ps(0.5049632787704468f));
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(1.0001641511917114f));
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.9999280571937561f));
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     EACH {
         const __m256i mi = _mm256_cvtps_epi32(m[i]);             /* -217..0 */
         const __m256i m1 = _mm256_srai_epi32(mi, 1), m2 = _mm256_sub_epi32(mi, m1);
@@ -111,13 +111,13 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         const V s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(m2, bias), 23));
         e[i] = _mm256_mul_ps(_mm256_mul_ps(q[i], s1), s2);
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     EACH d[i] = _mm256_rcp_ps(_mm256_add_ps(e[i], one));
     if (dt != GDN_BF16) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         EACH d[i] = _mm256_fmadd_ps(d[i], _mm256_fnmadd_ps(_mm256_add_ps(e[i], one), d[i], one), d[i]);
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     EACH y[i] = _mm256_mul_ps(y[i], _mm256_blendv_ps(d[i], _mm256_mul_ps(d[i], e[i]),
                                                      _mm256_cmp_ps(y[i], _mm256_setzero_ps(), _CMP_LT_OQ)));
 }

@@ -22,7 +22,7 @@ GDN_INLINE void simd_tokens(const char *xs, int64_t bs, char *os, int64_t ot, in
                             const int silu) {
     const int H = W - 1;
     const int64_t ve = LANES * gdn_elsize(dt);
-    V E[GDN_MAX_WIDTH - 1 + 8][4], acc[8];   /* window then the n new tokens, fp32 */
+    V E[GDN_MAX_WIDTH - 1 + 4][4], acc[4];   /* window then the n new tokens, fp32 */
 #pragma GCC unroll 8
     for (int k = 0; k < H; k++)
 #pragma GCC unroll 4
@@ -71,7 +71,7 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
     const int64_t e = gdn_elsize(dt), ve = LANES * e, sl = p->state_stride_l * e;
     const int64_t xt = p->x_stride_t * e, ot = p->out_stride_t * e;
     const int NV = ve < 64 ? (int)(64 / ve) : 1;     /* vectors per 64-byte line */
-    const int G = 8 / NV;                             /* tokens per group: G * NV = 8 vectors */
+    const int G = 4 / NV;                             /* tokens per group: G * NV = 4 vectors */
     const int64_t step = NV * LANES, nline = (c1 - c0) / step * step, bytes = nline * e;
     const int64_t bs = GDN_BLOCK_CHANNELS * e;       /* buf row stride */
     const int spec = p->num_accepted_tokens != NULL;
@@ -105,10 +105,6 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
                     int64_t j = 0;
                     for (; j + G <= nt; j += G)
                         simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, G, NV, dt, W, silu);
-                    if (G > 4 && j + 4 <= nt) {
-                        simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 4, NV, dt, W, silu);
-                        j += 4;
-                    }
                     if (G > 2 && j + 2 <= nt) {
                         simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 2, NV, dt, W, silu);
                         j += 2;

@@ -102,9 +102,16 @@ int64_t gdn_bytes_moved(const gdn_params *p) {
     return rows * p->dim * gdn_elsize(p->dtype) + p->dim * W * gdn_elsize(p->weight_dtype);
 }
 
-/* Below this many bytes a call runs on the calling thread: a parallel region
- * costs more than it saves (see scripts/bench_threshold.py). */
-#define GDN_PARALLEL_MIN_BYTES (192 * 1024)
+/* Below this many bytes a call runs on the calling thread: a second thread gained at
+ * most 1.3x there and costs a lot when another process holds the other core
+ * (measured with scripts/bench_threshold.py on a 2-core Zen 5). */
+static int64_t parallel_min_bytes = 1024 * 1024;
+
+int64_t gdn_set_parallel_min_bytes(int64_t bytes) {
+    const int64_t previous = parallel_min_bytes;
+    parallel_min_bytes = bytes;
+    return previous;
+}
 
 static void run_unit(const gdn_params *p, gdn_kernel_fn kernel, int64_t u, int64_t groups) {
     const int64_t c0 = (u / groups) * GDN_BLOCK_CHANNELS, r0 = (u % groups) * GDN_BLOCK_REQUESTS;
@@ -129,10 +136,13 @@ void gdn_run(const gdn_params *p, int num_threads) {
     const int64_t groups = (p->batch + GDN_BLOCK_REQUESTS - 1) / GDN_BLOCK_REQUESTS;
     const int64_t units = groups * ((p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS);
     if (num_threads > units) num_threads = (int)units;
-    if (num_threads > 1 && gdn_bytes_moved(p) < GDN_PARALLEL_MIN_BYTES) num_threads = 1;
+    if (num_threads > 1 && gdn_bytes_moved(p) < parallel_min_bytes) num_threads = 1;
 #ifdef _OPENMP
     if (num_threads > 1) {
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+        /* contiguous ranges of units per thread: with one request group, units are
+         * neighbouring channel blocks, and interleaving them across threads measured
+         * slower (B=8: 1.08x vs 1.58x from a second thread) */
+#pragma omp parallel for num_threads(num_threads) schedule(static)
         for (int64_t u = 0; u < units; u++) run_unit(p, kernel, u, groups);
         return;
     }

@@ -73,6 +73,7 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
     int gdn_validate(const gdn_params *p, int64_t num_tokens, int64_t *bad_index,
                      int64_t *bad_value)
     int64_t gdn_bytes_moved(const gdn_params *p)
+    int64_t gdn_set_parallel_min_bytes(int64_t bytes)
     void gdn_run(const gdn_params *p, int num_threads)
 
 
@@ -153,11 +154,10 @@ cdef int _view(object a, View *v, str name) except -1:
                                  f"its item size {v.itemsize}")
             v.strides[i] = cnp.PyArray_STRIDES(arr)[i] // v.itemsize
     elif _is_tensor(a):
-        if a.device.type != "cpu":
+        if not a.is_cpu:
             raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
-        if a.is_neg() or a.is_conj():
-            raise ValueError(f"{name} has a pending negation/conjugation bit; call .resolve_neg() "
-                             f"or .resolve_conj() first")
+        if a.is_neg():  # (the conjugate bit exists only for complex dtypes, refused below)
+            raise ValueError(f"{name} has a pending negation bit; call .resolve_neg() first")
         v.ndim = a.dim()
         if v.ndim > 3:
             raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(a.shape)}")
@@ -322,6 +322,12 @@ def set_num_threads(n):
     """
     global _num_threads
     _num_threads = _check_threads(n, "n")
+
+
+def _set_parallel_min_bytes(nbytes):
+    """Calls moving fewer bytes run on the calling thread (benchmarks only); returns the
+    previous value."""
+    return gdn_set_parallel_min_bytes(int(nbytes))
 
 
 def get_num_threads():
