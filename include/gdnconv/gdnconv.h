@@ -95,6 +95,9 @@ int gdn_validate(const gdn_params *p, int64_t num_tokens, int64_t *bad_index,
 /* Bytes SPEC's performance model says the call must move. */
 int64_t gdn_bytes_moved(const gdn_params *p);
 
+/* Calls moving fewer bytes run on the calling thread; returns the previous value. */
+int64_t gdn_set_parallel_min_bytes(int64_t bytes);
+
 /* Run the whole call, on up to num_threads threads. Call gdn_validate first. */
 void gdn_run(const gdn_params *p, int num_threads);
 
