@@ -37,7 +37,7 @@ def _compiles_with(compiler, flags):
 class BuildExt(build_ext):
     def build_extensions(self):
         msvc = self.compiler.compiler_type == "msvc"
-        opt = ["/O2"] if msvc else ["-O3", "-fno-math-errno", "-Wno-unused-function"]
+        opt = ["/O2"] if msvc else ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-function"]
         omp = ["/openmp"] if msvc else ["-fopenmp"]
         if os.environ.get("GDNCONV_NO_OPENMP") or not _compiles_with(self.compiler, omp):
             warnings.warn("gdnconv: the compiler has no OpenMP; building a single-threaded kernel")

@@ -80,35 +80,33 @@ static inline gdn_request gdn_get_request(const gdn_params *p, int64_t i) {
 static inline float gdn_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t gdn_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
+/* The conversions and gdn_silu are branch-free (selects only) so that the channel
+ * loops of the portable core vectorise. */
 static inline float gdn_half_to_float(uint32_t h) {
     const uint32_t sign = (h & 0x8000u) << 16;
     const uint32_t o = (h & 0x7fffu) << 13;
-    /* Rescaling the shifted bits by 2^112 is exact for normal and subnormal halves. */
-    uint32_t bits = gdn_f2u(gdn_u2f(o) * 0x1p112f);
-    if ((h & 0x7c00u) == 0x7c00u) bits = o | 0x7f800000u;  /* inf, NaN payload kept */
-    return gdn_u2f(bits | sign);
+    /* Rescaling the shifted bits by 2^112 is exact for normal and subnormal halves;
+     * inf and NaN (payload kept) get the fp32 exponent instead. */
+    const uint32_t scaled = gdn_f2u(gdn_u2f(o) * 0x1p112f);
+    return gdn_u2f(((h & 0x7c00u) == 0x7c00u ? o | 0x7f800000u : scaled) | sign);
 }
 
 static inline uint32_t gdn_float_to_half(float x) {  /* round to nearest even */
-    uint32_t f = gdn_f2u(x);
-    const uint32_t sign = f & 0x80000000u;
-    uint32_t o;
-    f ^= sign;
-    if (f >= 0x47800000u) {                 /* overflow, inf or NaN */
-        o = f > 0x7f800000u ? 0x7e00u | ((f >> 13) & 0x3ffu) : 0x7c00u;
-    } else if (f < 0x38800000u) {           /* subnormal or zero: let the FPU round */
-        o = gdn_f2u(gdn_u2f(f) + 0.5f) - 0x3f000000u;
-    } else {
-        const uint32_t odd = (f >> 13) & 1u;
-        o = (f + 0xc8000fffu + odd) >> 13;  /* rebias exponent (15 - 127) << 23, round */
-    }
+    const uint32_t u = gdn_f2u(x), sign = u & 0x80000000u, f = u ^ sign;
+    /* overflow, inf or NaN (quiet, top payload kept) */
+    const uint32_t big = f > 0x7f800000u ? 0x7e00u | ((f >> 13) & 0x3ffu) : 0x7c00u;
+    /* subnormal or zero: adding 0.5 lets the FPU round at the half's last place */
+    const uint32_t tiny = gdn_f2u(gdn_u2f(f) + 0.5f) - 0x3f000000u;
+    /* normal: rebias the exponent by (15 - 127) << 23 and round */
+    const uint32_t normal = (f + 0xc8000fffu + ((f >> 13) & 1u)) >> 13;
+    const uint32_t o = f >= 0x47800000u ? big : f < 0x38800000u ? tiny : normal;
     return o | (sign >> 16);
 }
 
 static inline uint32_t gdn_float_to_bf16(float x) {  /* round to nearest even */
     const uint32_t u = gdn_f2u(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;  /* NaN stays NaN */
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;  /* NaN stays NaN */
 }
 
 GDN_INLINE uint32_t gdn_load_raw(const void *base, int64_t idx, int dt) {
@@ -128,11 +126,25 @@ GDN_INLINE uint32_t gdn_float_to_raw(float f, int dt) {
     return dt == GDN_F32 ? gdn_f2u(f) : dt == GDN_BF16 ? gdn_float_to_bf16(f) : gdn_float_to_half(f);
 }
 
-/* silu(y) = y * sigmoid(y), written with e = exp(-|y|) so nothing overflows. */
+/* silu(y) = y * sigmoid(y) with e = exp(-|y|) in (0, 1], so nothing overflows:
+ * y / (1 + e) for y >= 0, y * e / (1 + e) below. exp(a), a in [-150, 0]: 2^m q(r),
+ * r = a - m ln2 in [-ln2/2, ln2/2], q of degree 5 (rel. error 2e-7), 2^m applied in
+ * two normal halves so subnormal results are right. Plain arithmetic only, so the
+ * channel loops vectorise; NaN propagates through y. */
 static inline float gdn_silu(float y) {
-    const float e = expf(-fabsf(y));
-    const float s = y >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-    return y * s;
+    float a = -fabsf(y);
+    a = a < -150.0f ? -150.0f : a;
+    const float m = (a * 1.44269504f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+    float r = a - m * 0.693359375f;
+    r = r - m * -2.12194440e-4f;
+    float q = 0.008297654800117016f * r + 0.04191538318991661f;
+    q = q * r + 0.16667574644088745f;
+    q = q * r + 0.49998894333839417f;
+    q = q * r + 0.9999997019767761f;
+    q = q * r + 1.0000001192092896f;
+    const int32_t mi = (int32_t)m, m1 = mi / 2, m2 = mi - m1;      /* -217..0: halves >= -109 */
+    const float e = q * gdn_u2f((uint32_t)(m1 + 127) << 23) * gdn_u2f((uint32_t)(m2 + 127) << 23);
+    return y * ((y >= 0.0f ? 1.0f : e) / (1.0f + e));
 }
 
 /* Weights and bias of channels [c0, c0 + n) as fp32, tap-major: w[k * ld + c]. */
