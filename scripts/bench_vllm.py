@@ -85,21 +85,15 @@ class Peer:
             self.silu, self.nat, self.idxt
         return lambda: o.causal_conv1d_update_cpu(xt, st, wv, bt, silu, na, idx, -1, True)
 
-    def gdn_np(self, out=False):
+    def gdn(self, tensors=False, out=False):
+        """gdnconv on the NumPy arrays, or on the torch tensors over the same memory."""
         import gdnconv
-        f, x, st, w, b, na, idx = gdnconv.conv_update_multi, self.x, self.state, self.wg, self.b, self.na, self.idx
-        act = "silu" if self.silu else None
+        f, act = gdnconv.conv_update_multi, "silu" if self.silu else None
+        if tensors:
+            x, st, w, b, na, idx, o = self.xt, self.st, self.wgt, self.bt, self.nat, self.idxt, self.outt
+        else:
+            x, st, w, b, na, idx, o = self.x, self.state, self.wg, self.b, self.na, self.idx, self.out
         if out:
-            o = self.out
-            return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=o)
-        return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
-
-    def gdn_torch(self, out=False):
-        import gdnconv
-        f, x, st, w, b, na, idx = gdnconv.conv_update_multi, self.xt, self.st, self.wgt, self.bt, self.nat, self.idxt
-        act = "silu" if self.silu else None
-        if out:
-            o = self.outt
             return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=o)
         return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
 
@@ -132,7 +126,7 @@ def verify(torch, ops, rng, weight):
         ov = p.vllm()().float().numpy()
         sv = p.state.copy()
         p.state[...] = st0
-        og = p.gdn_np()().astype(np.float32)
+        og = p.gdn()().astype(np.float32)
         sg = p.state.copy()
         uv, ug, uvg = _ulps(ov, ref_out), _ulps(og, ref_out), _ulps(ov, og)
         same = np.array_equal(sv.view(np.uint16), sg.view(np.uint16))
@@ -159,7 +153,7 @@ def probe(torch, ops, rng):
         ov = p.vllm()().float().numpy()
         sv = p.state.copy()
         p.state[...] = st0
-        og = p.gdn_np()().astype(np.float32)
+        og = p.gdn()().astype(np.float32)
         sg = p.state.copy()
         for i in range(B):
             s, na = p.idx[i], int(p.na[i])
@@ -241,7 +235,7 @@ def time_batch(torch, ops, rng, B, args):
     L = W_VLLM - 2 + T
     p = Peer(torch, ops, rng, B, T, D, L, bias=args.bias, weight=args.weight)
     nbytes = int(gdnconv.bytes_moved(p.x, p.state, p.w, num_accepted_tokens=p.na, conv_state_indices=p.idx))
-    fns = {"gdn_np": p.gdn_np(), "gdn_torch": p.gdn_torch(), "gdn_torch_out": p.gdn_torch(out=True),
+    fns = {"gdn_np": p.gdn(), "gdn_torch": p.gdn(tensors=True), "gdn_torch_out": p.gdn(tensors=True, out=True),
            "vllm": p.vllm(), "copy_np": copy_same_bytes(nbytes), "copy_torch": copy_same_bytes(nbytes, use_torch=True)}
     calls, cost = {}, 0.0
     for k, f in fns.items():

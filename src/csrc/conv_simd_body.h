@@ -7,8 +7,8 @@
  *   vload, vstore, vfma
  *   vsilu_n(y, n, dt)     silu of n vectors in place, each step across all n
  *   gather_taps(v, W, k)  tap k of LANES channels from W vectors holding [LANES, W]
- and then defines its kernels as calls of simd_kernel().
- * Channel tails (fewer than LANES channels) go to the shared scalar core. */
+ * and then defines its kernels as calls of simd_kernel().
+ * Channels past the last whole 64-byte line of a block go to the shared scalar core. */
 
 #define GDN_SLAB 8  /* tokens staged at a time */
 
