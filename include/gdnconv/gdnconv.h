@@ -98,6 +98,10 @@ int64_t gdn_bytes_moved(const gdn_params *p);
 /* Calls moving fewer bytes run on the calling thread; returns the previous value. */
 int64_t gdn_set_parallel_min_bytes(int64_t bytes);
 
+/* Call in the child after fork(): a child of a process that ran a parallel
+ * region then runs every call on its calling thread. */
+void gdn_after_fork_in_child(void);
+
 /* Run the whole call, on up to num_threads threads. Call gdn_validate first. */
 void gdn_run(const gdn_params *p, int num_threads);
 

@@ -130,15 +130,25 @@ static void run_unit(const gdn_params *p, gdn_kernel_fn kernel, int64_t u, int64
     }
 }
 
+/* GNU OpenMP cannot run a parallel region in a process forked from one that had
+ * already run one (the child waits forever for the parent's pool), so such a child
+ * runs every call on its calling thread. */
+static int parallel_used, forked_after_parallel;
+
+void gdn_after_fork_in_child(void) {
+    if (parallel_used) forked_after_parallel = 1;
+}
+
 void gdn_run(const gdn_params *p, int num_threads) {
     const int unit_stride = p->x_stride_d == 1 && p->out_stride_d == 1 && p->state_stride_d == 1;
     const gdn_kernel_fn kernel = unit_stride ? isa_table[active_isa].kernel : gdn_kernel_scalar;
     const int64_t groups = (p->batch + GDN_BLOCK_REQUESTS - 1) / GDN_BLOCK_REQUESTS;
     const int64_t units = groups * ((p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS);
     if (num_threads > units) num_threads = (int)units;
-    if (num_threads > 1 && gdn_bytes_moved(p) < parallel_min_bytes) num_threads = 1;
+    if (num_threads > 1 && (forked_after_parallel || gdn_bytes_moved(p) < parallel_min_bytes)) num_threads = 1;
 #ifdef _OPENMP
     if (num_threads > 1) {
+        parallel_used = 1;
         /* contiguous ranges of units per thread: with one request group, units are
          * neighbouring channel blocks, and interleaving them across threads measured
          * slower (B=8: 1.08x vs 1.58x from a second thread) */

@@ -7,7 +7,7 @@ Design:
   ml_dtypes.bfloat16 through the buffer protocol and torch has none, so typed
   memoryviews are not used. torch is never imported here; a tensor is recognised
   only when the caller has imported torch already.
-- Every check of SPEC's error list runs before ``gdn_run``; the index arrays are
+- Every check of the error list runs before ``gdn_run``; the index arrays are
   checked in C (``gdn_validate``) in one pass. Nothing is written before that.
 - ``conv_state`` and ``out`` are never copied. ``x`` is copied only when its
   channels are not contiguous and ``out`` is not ``x`` (so the SIMD path applies).
@@ -74,6 +74,7 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
                      int64_t *bad_value)
     int64_t gdn_bytes_moved(const gdn_params *p)
     int64_t gdn_set_parallel_min_bytes(int64_t bytes)
+    void gdn_after_fork_in_child()
     void gdn_run(const gdn_params *p, int num_threads)
 
 
@@ -194,6 +195,9 @@ cdef int _refuse_self_overlap(const View *v, str name) except -1:
     (A few exotic interleaved layouts without overlap are refused too.)"""
     cdef int i, j, order[3]
     cdef int64_t span = 1, st
+    for i in range(v.ndim):
+        if v.shape[i] == 0:
+            return 0       # no element, no overlap (NumPy gives empty arrays zero strides)
     n = 0
     for i in range(v.ndim):
         if v.shape[i] > 1:
@@ -307,6 +311,14 @@ def _default_num_threads():
 cdef int _num_threads = _default_num_threads()
 
 
+def _after_fork_in_child():
+    gdn_after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 cdef int _check_threads(object n, str name) except -1:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"{name} must be a positive integer, got {n!r}")
@@ -314,14 +326,15 @@ cdef int _check_threads(object n, str name) except -1:
 
 
 def set_num_threads(n):
-    """Set how many threads later calls may use (at most the process's CPU affinity).
+    """Set how many threads later calls may use (at most the process's CPU affinity);
+    ``None`` restores the default.
 
     The default follows ``OMP_NUM_THREADS`` when set, else the CPUs this process may
     run on. Small calls always run on the calling thread. Raises ValueError for
-    anything but a positive integer.
+    anything but a positive integer or None.
     """
     global _num_threads
-    _num_threads = _check_threads(n, "n")
+    _num_threads = _default_num_threads() if n is None else _check_threads(n, "n")
 
 
 def _set_parallel_min_bytes(nbytes):
@@ -368,12 +381,12 @@ def active_isa():
 
 
 def set_isa(name=None):
-    """Use kernel ``name`` (None: the best available) for later calls; returns the previous name.
+    """Use kernel ``name`` (None or "": the best available) for later calls; returns the previous name.
 
     Raises ValueError when ``name`` is unknown or this CPU (or build) lacks it.
     """
     previous = active_isa()
-    rc = gdn_select_isa(NULL) if name is None else gdn_select_isa(str(name).encode())
+    rc = gdn_select_isa(NULL) if name is None or name == "" else gdn_select_isa(str(name).encode())
     if rc == -1:
         raise ValueError(f"unknown ISA {name!r}: this build knows {compiled_isas()}")
     if rc == -2:
@@ -401,13 +414,190 @@ cdef object _new_like(object x, const View *xv):
     return cnp.PyArray_EMPTY(xv.ndim, dims, cnp.PyArray_TYPE(<cnp.ndarray>x), 0)
 
 
+cdef class _Call:
+    """One call's arguments as the kernel sees them (views, params, owners)."""
+    cdef gdn_params p
+    cdef View xv, sv, wv, bv, ov, iv, nv, qv
+    cdef list keep
+    cdef bint out_is_x
+
+    def __cinit__(self):
+        self.keep = []
+
+
+cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted_tokens,
+                  conv_state_indices, query_start_loc, pad_slot_id, out) except -1:
+    """Every check of a call, then its params; nothing is written. x, weight and bias
+    must already be in native byte order (see _native)."""
+    cdef int64_t B, T, N = 0, D, W, L, S, bad_i = 0, bad_v = 0
+    cdef int dt, wdt, rc
+    cdef bint out_is_x = False
+
+    if activation is None or activation is False:
+        c.p.silu = 0
+    elif activation is True or activation == "silu" or activation == "swish":
+        c.p.silu = 1
+    else:
+        raise ValueError(f"activation must be None, 'silu' or 'swish' (or a bool, as vLLM takes), "
+                         f"got {activation!r}")
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
+        raise TypeError(f"pad_slot_id must be an integer, got {pad_slot_id!r}")
+    if not -2**63 <= pad_slot_id < 2**63:
+        raise ValueError(f"pad_slot_id = {pad_slot_id} is outside the int64 range")
+
+    # ---- arrays and dtypes
+    _view(x, &c.xv, "x")
+    _view(conv_state, &c.sv, "conv_state")
+    _view(weight, &c.wv, "weight")
+    dt = _dtype_of(&c.xv, x, "x")
+    if _dtype_of(&c.sv, conv_state, "conv_state") != dt:
+        raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
+    wdt = _dtype_of(&c.wv, weight, "weight")
+    if wdt != dt and wdt != GDN_F32:
+        raise TypeError(f"weight dtype {_dtype_name(weight)} does not match x dtype {_dtype_name(x)} "
+                        f"(float32 weights are also accepted)")
+    if bias is not None:
+        _view(bias, &c.bv, "bias")
+        if _dtype_of(&c.bv, bias, "bias") != wdt:
+            raise TypeError(f"bias dtype {_dtype_name(bias)} does not match weight dtype {_dtype_name(weight)}"
+                            f" (with float32 or packed weights, pass a float32 bias)")
+    if out is not None:
+        _view(out, &c.ov, "out")
+        if _dtype_of(&c.ov, out, "out") != dt:
+            raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
+
+    # ---- shapes
+    if c.wv.ndim != 2:
+        raise ValueError(f"weight must have shape (D, W), got {tuple(weight.shape)}")
+    D = c.wv.shape[0]
+    W = c.wv.shape[1]
+    if W < GDN_MIN_WIDTH or W > GDN_MAX_WIDTH:
+        raise ValueError(f"width W = weight.shape[1] = {W} is outside {GDN_MIN_WIDTH}..{GDN_MAX_WIDTH}")
+    if c.xv.ndim in (2, 3) and c.xv.shape[c.xv.ndim - 1] != D:
+        raise ValueError(f"x dim {c.xv.shape[c.xv.ndim - 1]} (shape {tuple(x.shape)}) does not match "
+                         f"weight dim {D} (weight shape {tuple(weight.shape)})")
+    if bias is not None and (c.bv.ndim != 1 or c.bv.shape[0] != D):
+        raise ValueError(f"bias must have shape ({D},) to match weight {tuple(weight.shape)}, "
+                         f"got {tuple(bias.shape)}")
+    if c.sv.ndim != 3:
+        raise ValueError(f"conv_state must have shape (num_slots, state_len, D), got {tuple(conv_state.shape)}")
+    S = c.sv.shape[0]
+    L = c.sv.shape[1]
+    if c.sv.shape[2] != D:
+        raise ValueError(f"conv_state dim {c.sv.shape[2]} (shape {tuple(conv_state.shape)}) does not "
+                         f"match weight dim {D}")
+    if not c.sv.writeable:
+        raise ValueError("conv_state is read-only: it is updated in place")
+    _refuse_autograd(conv_state, "conv_state")
+    _refuse_self_overlap(&c.sv, "conv_state")
+    if c.xv.ndim == 3:
+        if query_start_loc is not None:
+            raise ValueError(f"x must be 2-D (N, D) with query_start_loc, got shape {tuple(x.shape)}")
+        B = c.xv.shape[0]
+        T = c.xv.shape[1]
+    elif c.xv.ndim == 2:
+        T = 1
+        if query_start_loc is None:
+            B = c.xv.shape[0]
+        else:
+            N = c.xv.shape[0]
+            if np.ndim(query_start_loc) != 1:
+                raise ValueError(f"query_start_loc must be 1-D (B + 1,), got shape {np.shape(query_start_loc)}")
+            B = len(query_start_loc) - 1
+            if B < 0:
+                raise ValueError("query_start_loc must have B + 1 >= 1 entries, got 0")
+    else:
+        raise ValueError(f"x must be (B, T, D), (B, D) or (N, D), got shape {tuple(x.shape)}")
+    if c.xv.shape[c.xv.ndim - 1] != D:
+        raise ValueError(f"x dim {c.xv.shape[c.xv.ndim - 1]} (shape {tuple(x.shape)}) does not match weight dim {D}")
+    if num_accepted_tokens is None and L < W - 1:
+        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: plain decode needs "
+                         f"state_len >= width - 1 = {W - 1}")
+    if num_accepted_tokens is not None and L < W - 1:
+        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: speculative mode needs "
+                         f"state_len >= width - 1 = {W - 1}")
+    if out is not None:
+        if c.ov.ndim != c.xv.ndim or any(c.ov.shape[i] != c.xv.shape[i] for i in range(c.xv.ndim)):
+            raise ValueError(f"out shape {tuple(out.shape)} does not match x shape {tuple(x.shape)}")
+        if not c.ov.writeable:
+            raise ValueError("out is read-only")
+        _refuse_autograd(out, "out")
+        _refuse_self_overlap(&c.ov, "out")
+        out_is_x = _same_view(&c.ov, &c.xv)
+
+    # ---- index arrays
+    c.p.conv_state_indices = NULL
+    c.p.num_accepted_tokens = NULL
+    c.p.query_start_loc = NULL
+    keep = c.keep
+    if query_start_loc is not None:
+        keep.append(_index_array(query_start_loc, "query_start_loc", B + 1, &c.qv))
+        c.p.query_start_loc = <const int32_t *>c.qv.ptr
+    if conv_state_indices is not None:
+        keep.append(_index_array(conv_state_indices, "conv_state_indices", B, &c.iv))
+        c.p.conv_state_indices = <const int32_t *>c.iv.ptr
+    elif B > S:
+        raise ValueError(f"batch {B} needs conv_state_indices: conv_state has only {S} slots")
+    if num_accepted_tokens is not None:
+        keep.append(_index_array(num_accepted_tokens, "num_accepted_tokens", B, &c.nv))
+        c.p.num_accepted_tokens = <const int32_t *>c.nv.ptr
+
+    # ---- aliasing: what is written must not share memory with what is read
+    if out is not None:
+        if _overlap(&c.ov, &c.sv):
+            raise ValueError("out overlaps conv_state")
+        if not out_is_x and _overlap(&c.ov, &c.xv):
+            raise ValueError("out overlaps x without being x")
+    if _overlap(&c.sv, &c.xv):
+        raise ValueError("x overlaps conv_state")
+    _refuse_overlap(&c.wv, "weight", &c.sv, &c.ov, out is not None)
+    if bias is not None:
+        _refuse_overlap(&c.bv, "bias", &c.sv, &c.ov, out is not None)
+    if conv_state_indices is not None:
+        _refuse_overlap(&c.iv, "conv_state_indices", &c.sv, &c.ov, out is not None)
+    if num_accepted_tokens is not None:
+        _refuse_overlap(&c.nv, "num_accepted_tokens", &c.sv, &c.ov, out is not None)
+    if query_start_loc is not None:
+        _refuse_overlap(&c.qv, "query_start_loc", &c.sv, &c.ov, out is not None)
+
+    # ---- params
+    c.p.batch = B
+    c.p.dim = D
+    c.p.width = W
+    c.p.state_len = L
+    c.p.num_slots = S
+    c.p.seqlen = T
+    c.p.pad_slot_id = pad_slot_id
+    c.p.dtype = dt
+    c.p.weight_dtype = wdt
+    c.p.weight = c.wv.ptr
+    c.p.weight_stride_d = c.wv.strides[0]
+    c.p.weight_stride_w = c.wv.strides[1]
+    c.p.bias = NULL
+    c.p.bias_stride = 0
+    if bias is not None:
+        c.p.bias = c.bv.ptr
+        c.p.bias_stride = c.bv.strides[0]
+    c.p.conv_state = c.sv.ptr
+    c.p.state_stride_s = c.sv.strides[0]
+    c.p.state_stride_l = c.sv.strides[1]
+    c.p.state_stride_d = c.sv.strides[2]
+
+    rc = gdn_validate(&c.p, N, &bad_i, &bad_v)
+    if rc != GDN_OK:
+        _raise_index_error(rc, bad_i, bad_v, &c.p, N, conv_state_indices)
+
+    c.out_is_x = out_is_x
+    return 0
+
+
 def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
                       num_accepted_tokens=None, conv_state_indices=None, query_start_loc=None,
                       pad_slot_id=-1, out=None, num_threads=None):
     """Causal conv1d decode/speculative update with a rolling per-slot state.
 
-    Semantics follow vLLM's ``causal_conv1d_update`` (CPU and Triton paths) as
-    specified in gdnconv's SPEC: for request ``i`` with slot ``s`` and tokens ``x_i``
+    Semantics follow vLLM's ``causal_conv1d_update`` (CPU and Triton paths); the
+    float64 ``gdnconv.reference.conv_update_multi_ref`` spells them out. For request ``i`` with slot ``s`` and tokens ``x_i``
     (``T_i`` rows) the window is ``concat(conv_state[s, off:off+W-1], x_i)`` with
     ``off = num_accepted_tokens[i] - 1`` (speculative mode) or 0 (plain decode) and
     ``out[t, d] = act(bias[d] + sum_k weight[d, k] * window[t + k, d])``, accumulated
@@ -427,7 +617,9 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             ``L``-contiguous layout passed as a transposed view works too.
         weight: ``(D, W)`` taps, ``2 <= W <= 8``; same dtype as ``x`` or float32.
         bias: ``(D,)`` of ``weight``'s dtype, or None.
-        activation: None, ``"silu"`` or ``"swish"`` (same as silu).
+        activation: None, ``"silu"`` or ``"swish"`` (same as silu); True/False as in
+            vLLM. Note the layout: ``x`` is ``(B, T, D)`` where vLLM's Triton path
+            takes ``(B, D, T)``.
         num_accepted_tokens: ``(B,)`` integer, accepted tokens of the previous step
             per request (``1 <= n <= L - W + 2``); None for plain decode.
         conv_state_indices: ``(B,)`` integer slot per request; default ``arange(B)``.
@@ -455,175 +647,27 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             without being ``x``), ``x`` overlapping ``conv_state``, non-CPU tensors.
         Nothing is written when an exception is raised.
     """
-    cdef View xv, sv, wv, bv, ov, iv, nv, qv
-    cdef gdn_params p
-    cdef int64_t B, T, N = 0, D, W, L, S, bad_i = 0, bad_v = 0
-    cdef int dt, wdt, rc, nthreads
-    cdef bint out_is_x = False
-
-    if activation is None:
-        p.silu = 0
-    elif activation == "silu" or activation == "swish":
-        p.silu = 1
-    else:
-        raise ValueError(f"activation must be None, 'silu' or 'swish', got {activation!r}")
-    nthreads = _num_threads if num_threads is None else _check_threads(num_threads, "num_threads")
-    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
-        raise TypeError(f"pad_slot_id must be an integer, got {pad_slot_id!r}")
-    if not -2**63 <= pad_slot_id < 2**63:
-        raise ValueError(f"pad_slot_id = {pad_slot_id} is outside the int64 range")
-
-    # ---- arrays and dtypes
-    if not (cnp.PyArray_Check(x) or _is_tensor(x)):
-        x = np.asarray(x)
+    cdef _Call c = _Call()
+    cdef int nthreads = _num_threads if num_threads is None else _check_threads(num_threads, "num_threads")
+    if x is None or not (cnp.PyArray_Check(x) or _is_tensor(x)):
+        x = _as_input_array(x, "x")
     x = _native(x)
     weight = _native(weight)
     bias = _native(bias)
-    _view(x, &xv, "x")
-    _view(conv_state, &sv, "conv_state")
-    _view(weight, &wv, "weight")
-    dt = _dtype_of(&xv, x, "x")
-    if _dtype_of(&sv, conv_state, "conv_state") != dt:
-        raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
-    wdt = _dtype_of(&wv, weight, "weight")
-    if wdt != dt and wdt != GDN_F32:
-        raise TypeError(f"weight dtype {_dtype_name(weight)} does not match x dtype {_dtype_name(x)} "
-                        f"(float32 weights are also accepted)")
-    if bias is not None:
-        _view(bias, &bv, "bias")
-        if _dtype_of(&bv, bias, "bias") != wdt:
-            raise TypeError(f"bias dtype {_dtype_name(bias)} does not match weight dtype {_dtype_name(weight)}")
-    if out is not None:
-        _view(out, &ov, "out")
-        if _dtype_of(&ov, out, "out") != dt:
-            raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
-
-    # ---- shapes
-    if wv.ndim != 2:
-        raise ValueError(f"weight must have shape (D, W), got {tuple(weight.shape)}")
-    D = wv.shape[0]
-    W = wv.shape[1]
-    if W < GDN_MIN_WIDTH or W > GDN_MAX_WIDTH:
-        raise ValueError(f"width W = weight.shape[1] = {W} is outside {GDN_MIN_WIDTH}..{GDN_MAX_WIDTH}")
-    if bias is not None and (bv.ndim != 1 or bv.shape[0] != D):
-        raise ValueError(f"bias must have shape ({D},) to match weight {tuple(weight.shape)}, "
-                         f"got {tuple(bias.shape)}")
-    if sv.ndim != 3:
-        raise ValueError(f"conv_state must have shape (num_slots, state_len, D), got {tuple(conv_state.shape)}")
-    S = sv.shape[0]
-    L = sv.shape[1]
-    if sv.shape[2] != D:
-        raise ValueError(f"conv_state dim {sv.shape[2]} (shape {tuple(conv_state.shape)}) does not "
-                         f"match weight dim {D}")
-    if not sv.writeable:
-        raise ValueError("conv_state is read-only: it is updated in place")
-    _refuse_self_overlap(&sv, "conv_state")
-    if xv.ndim == 3:
-        if query_start_loc is not None:
-            raise ValueError(f"x must be 2-D (N, D) with query_start_loc, got shape {tuple(x.shape)}")
-        B = xv.shape[0]
-        T = xv.shape[1]
-    elif xv.ndim == 2:
-        T = 1
-        if query_start_loc is None:
-            B = xv.shape[0]
-        else:
-            N = xv.shape[0]
-            B = len(query_start_loc) - 1
-            if B < 0:
-                raise ValueError("query_start_loc must have B + 1 >= 1 entries, got 0")
-    else:
-        raise ValueError(f"x must be (B, T, D), (B, D) or (N, D), got shape {tuple(x.shape)}")
-    if xv.shape[xv.ndim - 1] != D:
-        raise ValueError(f"x dim {xv.shape[xv.ndim - 1]} (shape {tuple(x.shape)}) does not match weight dim {D}")
-    if num_accepted_tokens is None and L < W - 1:
-        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: plain decode needs "
-                         f"state_len >= width - 1 = {W - 1}")
-    if num_accepted_tokens is not None and L < W - 1:
-        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: speculative mode needs "
-                         f"state_len >= width - 1 = {W - 1}")
-    if out is not None:
-        if ov.ndim != xv.ndim or any(ov.shape[i] != xv.shape[i] for i in range(xv.ndim)):
-            raise ValueError(f"out shape {tuple(out.shape)} does not match x shape {tuple(x.shape)}")
-        if not ov.writeable:
-            raise ValueError("out is read-only")
-        _refuse_self_overlap(&ov, "out")
-        out_is_x = _same_view(&ov, &xv)
-
-    # ---- index arrays
-    p.conv_state_indices = NULL
-    p.num_accepted_tokens = NULL
-    p.query_start_loc = NULL
-    keep = []
-    if query_start_loc is not None:
-        keep.append(_index_array(query_start_loc, "query_start_loc", B + 1, &qv))
-        p.query_start_loc = <const int32_t *>qv.ptr
-    if conv_state_indices is not None:
-        keep.append(_index_array(conv_state_indices, "conv_state_indices", B, &iv))
-        p.conv_state_indices = <const int32_t *>iv.ptr
-    elif B > S:
-        raise ValueError(f"batch {B} needs conv_state_indices: conv_state has only {S} slots")
-    if num_accepted_tokens is not None:
-        keep.append(_index_array(num_accepted_tokens, "num_accepted_tokens", B, &nv))
-        p.num_accepted_tokens = <const int32_t *>nv.ptr
-
-    # ---- aliasing: what is written must not share memory with what is read
-    if out is not None:
-        if _overlap(&ov, &sv):
-            raise ValueError("out overlaps conv_state")
-        if not out_is_x and _overlap(&ov, &xv):
-            raise ValueError("out overlaps x without being x")
-    if _overlap(&sv, &xv):
-        raise ValueError("x overlaps conv_state")
-    _refuse_overlap(&wv, "weight", &sv, &ov, out is not None)
-    if bias is not None:
-        _refuse_overlap(&bv, "bias", &sv, &ov, out is not None)
-    if conv_state_indices is not None:
-        _refuse_overlap(&iv, "conv_state_indices", &sv, &ov, out is not None)
-    if num_accepted_tokens is not None:
-        _refuse_overlap(&nv, "num_accepted_tokens", &sv, &ov, out is not None)
-    if query_start_loc is not None:
-        _refuse_overlap(&qv, "query_start_loc", &sv, &ov, out is not None)
-
-    # ---- params
-    p.batch = B
-    p.dim = D
-    p.width = W
-    p.state_len = L
-    p.num_slots = S
-    p.seqlen = T
-    p.pad_slot_id = pad_slot_id
-    p.dtype = dt
-    p.weight_dtype = wdt
-    p.weight = wv.ptr
-    p.weight_stride_d = wv.strides[0]
-    p.weight_stride_w = wv.strides[1]
-    p.bias = NULL
-    p.bias_stride = 0
-    if bias is not None:
-        p.bias = bv.ptr
-        p.bias_stride = bv.strides[0]
-    p.conv_state = sv.ptr
-    p.state_stride_s = sv.strides[0]
-    p.state_stride_l = sv.strides[1]
-    p.state_stride_d = sv.strides[2]
-
-    rc = gdn_validate(&p, N, &bad_i, &bad_v)
-    if rc != GDN_OK:
-        _raise_index_error(rc, bad_i, bad_v, &p, N, conv_state_indices)
-
-    if xv.strides[xv.ndim - 1] != 1 and not out_is_x:
-        x = _torch_contiguous(x) if xv.torch else np.ascontiguousarray(x)
-        _view(x, &xv, "x")
-    p.zero_skipped = out is None
+    _prepare(c, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+             query_start_loc, pad_slot_id, out)
+    if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
+        x = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
+        _view(x, &c.xv, "x")
+    c.p.zero_skipped = out is None
     if out is None:
-        out = _new_like(x, &xv)
-        _view(out, &ov, "out")
-    _fill_rows(&p.x, &p.x_stride_b, &p.x_stride_t, &p.x_stride_d, &xv, query_start_loc is not None)
-    _fill_rows(<const void **>&p.out, &p.out_stride_b, &p.out_stride_t, &p.out_stride_d, &ov,
+        out = _new_like(x, &c.xv)
+        _view(out, &c.ov, "out")
+    _fill_rows(&c.p.x, &c.p.x_stride_b, &c.p.x_stride_t, &c.p.x_stride_d, &c.xv, query_start_loc is not None)
+    _fill_rows(<const void **>&c.p.out, &c.p.out_stride_b, &c.p.out_stride_t, &c.p.out_stride_d, &c.ov,
                query_start_loc is not None)
     with nogil:
-        gdn_run(&p, nthreads)
+        gdn_run(&c.p, nthreads)
     return out
 
 
@@ -635,6 +679,22 @@ cdef int _refuse_overlap(const View *r, str name, const View *state, const View 
     if has_out and _overlap(out, r):
         raise ValueError(f"{name} overlaps out")
     return 0
+
+
+cdef int _refuse_autograd(object a, str name) except -1:
+    """gdnconv writes outside autograd: a written tensor that requires grad would be
+    changed behind its back (torch itself refuses in-place writes to such leaves)."""
+    if _is_tensor(a) and a.requires_grad:
+        raise ValueError(f"{name} requires grad; gdnconv writes it in place outside autograd: "
+                         f"pass {name}.detach() (same memory) or call it under torch.no_grad() "
+                         f"with a tensor that does not require grad")
+    return 0
+
+
+cdef object _as_input_array(object a, str name):
+    if a is None:
+        raise TypeError(f"{name} must be an array or tensor, got None")
+    return np.asarray(a)
 
 
 cdef object _torch_contiguous(object x):
@@ -689,39 +749,22 @@ cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_params *p, i
 
 def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_indices=None,
                 query_start_loc=None, pad_slot_id=-1):
-    """Bytes SPEC's performance model counts for this call (int), for benchmarks.
+    """Bytes the performance model counts for this call (int), for benchmarks.
 
     ``e * D * sum_i (2 T_i + (W - 1) + (W - 2 + T_i))`` over requests that are not
-    skipped, plus ``D * W`` weight elements. Takes the shapes and dtypes of the call's
-    arguments; nothing is read from their values but the index arrays.
+    skipped (``e`` bytes per element), plus ``D * W`` weight elements. Takes the
+    arguments of a ``conv_update_multi`` call, checks them the same way (same
+    exceptions) and reads nothing but the index arrays.
     """
-    cdef gdn_params p
-    cdef View v
-    x = np.asarray(x) if not (cnp.PyArray_Check(x) or _is_tensor(x)) else x
-    _view(x, &v, "x")
-    p.dtype = _dtype_of(&v, x, "x")
-    varlen = query_start_loc is not None
-    p.batch = len(query_start_loc) - 1 if varlen else x.shape[0]
-    p.seqlen = x.shape[1] if v.ndim == 3 else 1
-    _view(weight, &v, "weight")
-    p.weight_dtype = _dtype_of(&v, weight, "weight")
-    p.dim, p.width = weight.shape[0], weight.shape[1]
-    p.pad_slot_id = pad_slot_id
-    p.x_stride_b = p.x_stride_t = p.out_stride_b = p.out_stride_t = p.state_stride_s = 0
-    p.x = NULL
-    p.out = NULL
-    p.conv_state = NULL
-    keep = []
-    p.query_start_loc = NULL
-    p.conv_state_indices = NULL
-    p.num_accepted_tokens = NULL
-    if varlen:
-        keep.append(_index_array(query_start_loc, "query_start_loc", p.batch + 1, &v))
-        p.query_start_loc = <const int32_t *>v.ptr
-    if conv_state_indices is not None:
-        keep.append(_index_array(conv_state_indices, "conv_state_indices", p.batch, &v))
-        p.conv_state_indices = <const int32_t *>v.ptr
-    return gdn_bytes_moved(&p)
+    cdef _Call c = _Call()
+    if x is None or not (cnp.PyArray_Check(x) or _is_tensor(x)):
+        x = _as_input_array(x, "x")
+    _prepare(c, _native(x), conv_state, _native(weight), None, None, num_accepted_tokens,
+             conv_state_indices, query_start_loc, pad_slot_id, None)
+    _fill_rows(&c.p.x, &c.p.x_stride_b, &c.p.x_stride_t, &c.p.x_stride_d, &c.xv, query_start_loc is not None)
+    _fill_rows(<const void **>&c.p.out, &c.p.out_stride_b, &c.p.out_stride_t, &c.p.out_stride_d, &c.xv,
+               query_start_loc is not None)
+    return gdn_bytes_moved(&c.p)
 
 
 def pack_weight(weight):
@@ -730,13 +773,20 @@ def pack_weight(weight):
 
     The result is an ordinary ``(D, W)`` array (or tensor, for a tensor input) that
     ``conv_update_multi`` accepts anywhere a weight is; pack once, reuse every step.
-    Raises ValueError unless ``weight`` is 2-D.
+    The bias then has to be float32 too. Raises ValueError unless ``weight`` is
+    ``(D, W)`` with ``2 <= W <= 8``, TypeError for a non-float weight.
     """
     if _is_tensor(weight):
-        if weight.dim() != 2:
-            raise ValueError(f"weight must have shape (D, W), got {tuple(weight.shape)}")
+        if weight.dim() != 2 or not GDN_MIN_WIDTH <= weight.shape[1] <= GDN_MAX_WIDTH:
+            raise ValueError(f"weight must have shape (D, W) with {GDN_MIN_WIDTH} <= W <= {GDN_MAX_WIDTH}, "
+                             f"got {tuple(weight.shape)}")
+        if not weight.dtype.is_floating_point:
+            raise TypeError(f"weight must be a float tensor, got dtype {weight.dtype}")
         return weight.detach().to(_torch.float32).t().contiguous().t()
     w = np.asarray(weight)
-    if w.ndim != 2:
-        raise ValueError(f"weight must have shape (D, W), got {w.shape}")
+    if w.ndim != 2 or not GDN_MIN_WIDTH <= w.shape[1] <= GDN_MAX_WIDTH:
+        raise ValueError(f"weight must have shape (D, W) with {GDN_MIN_WIDTH} <= W <= {GDN_MAX_WIDTH}, "
+                         f"got {w.shape}")
+    if w.dtype.kind != "f" and w.dtype.name != "bfloat16":
+        raise TypeError(f"weight must be a float array, got dtype {w.dtype}")
     return np.ascontiguousarray(w.T, dtype=np.float32).T

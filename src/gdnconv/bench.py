@@ -10,7 +10,7 @@ and no num_accepted_tokens. Each ISA reuses one preallocated ``out`` (--alloc-ou
 measures a fresh output per call instead).
 
 Reported per configuration and ISA: microseconds per call (median over repeats,
-argument checks included), GB/s of SPEC's byte count (gdnconv.bytes_moved), the
+argument checks included), GB/s of the byte count of gdnconv.bytes_moved, the
 time relative to a plain copy of that many bytes (the faster of np.copyto and
 torch's copy_; the copy reads and writes that many bytes each, so it moves twice
 the traffic of the count: x copy < 1 is possible), and the speedup over the
@@ -60,7 +60,7 @@ QUICK = dict(batch=(1, 16, 64), dim=(8192,), tokens=(4,), dtype=("float32", "bfl
 # the argparse defaults, by identity: an axis still holding one of these was not given
 _DEFAULT_ARGS = dict(batch=list(DEFAULT_BATCH), dim=list(DEFAULT_DIM), tokens=list(DEFAULT_TOKENS),
                      dtype=list(DEFAULT_DTYPES))
-FIXED_COST_CFG = dict(B=1, D=8192, T=4, dtype="bfloat16")   # SPEC's "fixed cost of a small call"
+FIXED_COST_CFG = dict(B=1, D=8192, T=4, dtype="bfloat16")   # the fixed cost of a small call
 
 _DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
                   "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
@@ -410,9 +410,9 @@ def format_group(rows):
 
 
 LEGEND = ("us/call: median microseconds per call incl. argument checks; IQR%: interquartile range of the "
-          "samples / median;\nGB/s: SPEC byte count / time; x copy: time / time of copying that many bytes "
+          "samples / median;\nGB/s: bytes_moved count / time; x copy: time / time of copying that many bytes "
           "(faster of np.copyto, torch copy_);\nspeedup: per-request torch loop time / kernel time; loop: "
-          "the torch loop on the same memory; MB: SPEC byte count;\nother%: CPU time other processes used while "
+          "the torch loop on the same memory; MB: bytes_moved count;\nother%: CPU time other processes used while "
           "this row was timed, in % of one CPU (a busy neighbour distorts multi-threaded timings).")
 
 
@@ -476,7 +476,7 @@ def plot(rows, path):
             if i == len(dtypes) - 1:
                 ax.set_xlabel("batch B")
             if j == 0:
-                ax.set_ylabel("GB/s (SPEC byte count)")
+                ax.set_ylabel("GB/s (bytes_moved count)")
     axes[0][0].legend(fontsize=7)
     r0 = rows[0]
     fig.suptitle(f"gdnconv conv_update_multi: {r0['mode']} mode, W={r0['W']}, activation={r0['activation']},\n"

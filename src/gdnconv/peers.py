@@ -8,7 +8,7 @@ import numpy as np
 
 def torch_loop_update(x, conv_state, weight, bias=None, *, activation="silu", num_accepted_tokens=None,
                       conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
-    """SPEC's conv_update_multi as a Python loop over requests with torch ops
+    """gdnconv.conv_update_multi as a Python loop over requests with torch ops
     (``torch.cat`` + depthwise ``F.conv1d`` + state copy per request), all tensors.
 
     Shapes and semantics as ``gdnconv.conv_update_multi``; ``conv_state`` is updated

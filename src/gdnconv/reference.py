@@ -1,4 +1,4 @@
-"""The float64 reference: SPEC's definition of conv_update_multi, written plainly.
+"""The float64 reference: the definition of conv_update_multi, written plainly.
 
 ref: vLLM causal_conv1d_update (vllm/model_executor/layers/mamba/ops/causal_conv1d.py).
 Slow on purpose (a Python loop over requests); tests and the simulator check the

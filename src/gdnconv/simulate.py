@@ -9,7 +9,7 @@ zeroed and reused, and an empty batch position is passed with pad_slot_id.
 
 Only the conv_update_multi call is timed. With --check (the default) every output of
 every step is compared with a float64 reference computed from each request's own
-accepted-token history (never from the kernel's state), in units of SPEC's tolerance;
+accepted-token history (never from the kernel's state), in units of the accepted tolerance (README, Numerics);
 the exit status is nonzero when any output is out of tolerance. When torch is
 installed, the same steps (same inputs) are replayed through the per-request torch loop
 that serving engines run without a native kernel, for comparison.
@@ -49,7 +49,7 @@ PRESETS = {
 DTYPES = ("bfloat16", "float16", "float32")
 PAD_SLOT_ID = -1
 NOISE = 8 * 2.0 ** -24      # fp32 accumulation noise allowed, per unit of sum |w * window|
-FP32_RTOL = 1e-5            # SPEC: fp32 outputs within 1e-5 relative
+FP32_RTOL = 1e-5            # fp32 outputs within 1e-5 relative (README, Numerics)
 
 
 def numpy_dtype(name):
@@ -197,9 +197,9 @@ def silu64(y):
 
 
 class Checker:
-    """Compares a step's outputs with the float64 ground truth of SPEC's formula,
+    """Compares a step's outputs with the float64 ground truth of the reference formula,
     ``silu(bias + sum_k weight[:, k] * window[k])`` over each request's own accepted
-    history, in units of SPEC's tolerance (1.0 = at the limit).
+    history, in units of the accepted tolerance (1.0 = at the limit).
 
     Tolerance per output: bf16/fp16: one unit in the last place of the rounded
     reference; fp32: ``1e-5 * |ref|``; plus, for all, fp32 accumulation noise
@@ -230,7 +230,7 @@ class Checker:
         return silu64(pre), mag
 
     def tolerance(self, ref, mag):
-        """SPEC's allowed absolute error for each output."""
+        """The allowed absolute error for each output (README, Numerics)."""
         if self.half:
             ulp = np.spacing(np.abs(ref.astype(self.dtype))).astype(np.float64)
         else:
