@@ -405,8 +405,8 @@ def _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, threads):
 def simulate(args):
     """Run the simulation described by parsed ``args``; returns the result dict."""
     preset = PRESETS[args.preset]
-    dim = args.dim or preset.dim
-    width = args.width or preset.width
+    dim = preset.dim if args.dim is None else args.dim
+    width = preset.width if args.width is None else args.width
     steps = args.steps if args.steps is not None else preset.steps
     batch, drafts = args.batch, args.drafts
     num_slots = args.slots if args.slots is not None else 2 * batch
@@ -414,11 +414,14 @@ def simulate(args):
     mean_life = args.mean_life if args.mean_life is not None else max(4, min(64, steps // 8))
     threads = args.threads if args.threads is not None else gdnconv.get_num_threads()
     dtype = numpy_dtype(args.dtype)
-    for name, ok in (("--batch", batch >= 1), ("--drafts", drafts >= 0), ("--steps", steps >= 1),
-                     ("--slots", num_slots >= batch), ("--accept-rate", 0.0 <= args.accept_rate <= 1.0),
-                     ("--mean-life", mean_life >= 1), ("--threads", threads >= 1)):
+    for name, value, ok, rule in (
+            ("--dim", dim, dim >= 1, ">= 1"), ("--width", width, 2 <= width <= 8, "in 2..8"),
+            ("--batch", batch, batch >= 1, ">= 1"), ("--drafts", drafts, drafts >= 0, ">= 0"),
+            ("--steps", steps, steps >= 1, ">= 1"), ("--slots", num_slots, num_slots >= batch, ">= --batch"),
+            ("--accept-rate", args.accept_rate, 0.0 <= args.accept_rate <= 1.0, "in 0..1"),
+            ("--mean-life", mean_life, mean_life >= 1, ">= 1"), ("--threads", threads, threads >= 1, ">= 1")):
         if not ok:
-            raise SystemExit(f"gdnconv simulate: bad {name} (slots must be >= batch, accept-rate in 0..1)")
+            raise SystemExit(f"gdnconv simulate: {name} {value} must be {rule}")
 
     t_start = time.perf_counter()
     rng = np.random.default_rng(args.seed)
