@@ -98,6 +98,17 @@ class Peer:
         return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
 
 
+def _run_both(p):
+    """vLLM, then gdnconv, from the same starting state: (start state, vLLM out, vLLM state,
+    gdnconv out, gdnconv state), outputs as float32."""
+    st0 = p.state.copy()
+    ov = p.vllm()().float().numpy()
+    sv = p.state.copy()
+    p.state[...] = st0
+    og = p.gdn()().astype(np.float32)
+    return st0, ov, sv, og, p.state.copy()
+
+
 def _ulps(out, ref):
     """max |out - ref| in bf16 units in the last place of ref (floor 2^-126), float."""
     ref = np.asarray(ref, dtype=np.float64)
@@ -122,12 +133,7 @@ def verify(torch, ops, rng, weight):
         p = Peer(torch, ops, rng, B, T, D, L, S=S, bias=bias, silu=silu, weight=weight)
         ref_out, ref_state = conv_update_multi_ref(p.x, p.state, p.w, p.b, activation="silu" if silu else None,
                                                    num_accepted_tokens=p.na, conv_state_indices=p.idx)
-        st0 = p.state.copy()
-        ov = p.vllm()().float().numpy()
-        sv = p.state.copy()
-        p.state[...] = st0
-        og = p.gdn()().astype(np.float32)
-        sg = p.state.copy()
+        st0, ov, sv, og, sg = _run_both(p)
         uv, ug, uvg = _ulps(ov, ref_out), _ulps(og, ref_out), _ulps(ov, og)
         same = np.array_equal(sv.view(np.uint16), sg.view(np.uint16))
         same_ref = np.array_equal(sg.view(np.uint16), ref_state.view(np.uint16))
@@ -149,12 +155,7 @@ def probe(torch, ops, rng):
         B = min(T, 3)
         p = Peer(torch, ops, rng, B, T, 64, L, na_max=T)
         p.na[:] = np.arange(1, B + 1, dtype=np.int32)
-        st0 = p.state.copy()
-        ov = p.vllm()().float().numpy()
-        sv = p.state.copy()
-        p.state[...] = st0
-        og = p.gdn()().astype(np.float32)
-        sg = p.state.copy()
+        st0, ov, sv, og, sg = _run_both(p)
         for i in range(B):
             s, na = p.idx[i], int(p.na[i])
             src_v = _row_sources(sv[s], st0[s], p.x[i])
