@@ -508,13 +508,9 @@ cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted
                 raise ValueError("query_start_loc must have B + 1 >= 1 entries, got 0")
     else:
         raise ValueError(f"x must be (B, T, D), (B, D) or (N, D), got shape {tuple(x.shape)}")
-    if c.xv.shape[c.xv.ndim - 1] != D:
-        raise ValueError(f"x dim {c.xv.shape[c.xv.ndim - 1]} (shape {tuple(x.shape)}) does not match weight dim {D}")
-    if num_accepted_tokens is None and L < W - 1:
-        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: plain decode needs "
-                         f"state_len >= width - 1 = {W - 1}")
-    if num_accepted_tokens is not None and L < W - 1:
-        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: speculative mode needs "
+    if L < W - 1:
+        mode = "plain decode" if num_accepted_tokens is None else "speculative mode"
+        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: {mode} needs "
                          f"state_len >= width - 1 = {W - 1}")
     if out is not None:
         if c.ov.ndim != c.xv.ndim or any(c.ov.shape[i] != c.xv.shape[i] for i in range(c.xv.ndim)):
