@@ -116,7 +116,7 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
             if (!spec)  /* rows 0..W-2 <- the last W-1 inputs of the window */
                 for (int k = 0; k < H; k++) simd_copy(st + k * sl, buf + k * bs, bytes);
         }
-        if (nline < c1 - c0) gdn_scalar_range(p, &r, c0 + nline, c1);
+        if (nline < c1 - c0) gdn_scalar_range(p, &r, 1, c0 + nline, c1);
     }
 }
 
