@@ -26,9 +26,9 @@
 #define GDN_HAVE_AVX512 1
 #endif
 
-/* Channels per unit of work (a multiple of 64) and requests per unit. The SIMD
- * kernels convert the weights of a block once per unit and reuse them for
- * every request of the unit. */
+/* Channels per unit of work (a multiple of 64), and requests per unit of the
+ * portable kernel (SIMD units hold one request: see gdn_run). Kernels convert the
+ * weights of a block once per unit and reuse them for every request of the unit. */
 #define GDN_BLOCK_CHANNELS 256
 #define GDN_BLOCK_REQUESTS 8
 

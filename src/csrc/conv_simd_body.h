@@ -52,7 +52,7 @@ GDN_INLINE void simd_copy(char *dst, const char *src, int64_t bytes) {
     for (int64_t o = 0; o < bytes; o += LANES * 4) st_raw(dst + o, ld_raw(src + o, GDN_F32), GDN_F32);
 }
 
-/* One (request group, channel block) unit for constant dtype, width and activation.
+/* One (requests, channel block) unit for constant dtype, width and activation.
  *
  * Every row a request touches is staged through a small buffer, row by row: the
  * rows of x, out and conv_state are often a multiple of 4 KiB apart, so reading
