@@ -102,10 +102,11 @@ int64_t gdn_bytes_moved(const gdn_params *p) {
     return rows * p->dim * gdn_elsize(p->dtype) + p->dim * W * gdn_elsize(p->weight_dtype);
 }
 
-/* Below this many bytes a call runs on the calling thread: a second thread gained at
- * most 1.3x there and costs a lot when another process holds the other core
- * (measured with scripts/bench_threshold.py on a 2-core Zen 5). */
-static int64_t parallel_min_bytes = 1024 * 1024;
+/* Below this many bytes a call runs on the calling thread: a second thread gained
+ * 0.96x at 84 kB, 1.14x at 168 kB and 1.29x at 336 kB (B=1, D=8192, T=4, bf16),
+ * against its cost when another process holds the other core (measured with
+ * scripts/bench_threshold.py on a 2-core Zen 5). */
+static int64_t parallel_min_bytes = 256 * 1024;
 
 int64_t gdn_set_parallel_min_bytes(int64_t bytes) {
     const int64_t previous = parallel_min_bytes;
