@@ -66,9 +66,9 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
     return r;
 }
 
-/* silu as in conv_avx512.c; 2^m is applied in two halves so that subnormal
- * results come out right without scalef, and rcp (2^-12) gets a Newton step
- * except for bf16 outputs. Each step runs across all n vectors. */
+/* silu as in conv_avx512.c's fp32 path (clamp, two-constant reduction); 2^m is
+ * applied in two halves so that subnormal results come out right without scalef,
+ * and rcp (2^-12) gets a Newton step except for bf16 outputs. Each step runs across all n vectors. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     V a[4], m[4], r[4], q[4], e[4], d[4];

@@ -27,8 +27,8 @@
 #endif
 
 /* Channels per unit of work (a multiple of 64), and requests per unit of the
- * portable kernel (SIMD units hold one request: see gdn_run). Kernels convert the
- * weights of a block once per unit and reuse them for every request of the unit. */
+ * portable kernel, which converts the weights of a chunk once for all of them
+ * (SIMD units hold one request: see gdn_run). */
 #define GDN_BLOCK_CHANNELS 256
 #define GDN_BLOCK_REQUESTS 8
 
@@ -80,8 +80,8 @@ static inline gdn_request gdn_get_request(const gdn_params *p, int64_t i) {
 static inline float gdn_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t gdn_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-/* The conversions and gdn_silu are branch-free (selects only) so that the channel
- * loops of the portable core vectorise. */
+/* The conversions and gdn_silu (lowp is a constant) are branch-free (selects
+ * only) so that the channel loops of the portable core vectorise. */
 static inline float gdn_half_to_float(uint32_t h) {
     const uint32_t sign = (h & 0x8000u) << 16;
     const uint32_t o = (h & 0x7fffu) << 13;

@@ -103,7 +103,8 @@ int64_t gdn_bytes_moved(const gdn_params *p) {
 }
 
 /* Below this many bytes a call runs on the calling thread: a second thread gained
- * 0.96x at 84 kB, 1.14x at 168 kB and 1.29x at 336 kB (B=1, D=8192, T=4, bf16),
+ * 0.96x at 84 kB, 1.14x at 168 kB and 1.29x at 336 kB (B=1, T=4, bf16, D = 2048,
+ * 4096, 8192),
  * against its cost when another process holds the other core (measured with
  * scripts/bench_threshold.py on a 2-core Zen 5). */
 static int64_t parallel_min_bytes = 256 * 1024;
