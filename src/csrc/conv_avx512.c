@@ -31,7 +31,10 @@ GDN_INLINE void st_raw(char *p, R v, int dt) {
 GDN_INLINE V to_f32(R v, int dt) {
     if (dt == GDN_F32) return _mm512_castsi512_ps(v);
     if (dt == GDN_F16) return _mm512_cvtph_ps(_mm512_castsi512_si256(v));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+    /* bf16: word j to the high half of dword j, low half zeroed (one permute) */
+    const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                                         7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xaaaaaaaau, idx, v));
 }
 
 GDN_INLINE R from_f32(V v, int dt) {
