@@ -80,7 +80,7 @@ static inline gdn_request gdn_get_request(const gdn_params *p, int64_t i) {
 static inline float gdn_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t gdn_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-/* The conversions and gdn_silu (lowp is a constant) are branch-free (selects
+/* The conversions and gdn_silu (dt is a constant) are branch-free (selects
  * only) so that the channel loops of the portable core vectorise. */
 static inline float gdn_half_to_float(uint32_t h) {
     const uint32_t sign = (h & 0x8000u) << 16;
@@ -105,8 +105,10 @@ static inline uint32_t gdn_float_to_half(float x) {  /* round to nearest even */
 
 static inline uint32_t gdn_float_to_bf16(float x) {  /* round to nearest even */
     const uint32_t u = gdn_f2u(x);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;  /* NaN stays NaN */
+    /* NaN: no rounding increment, so no carry out of the payload; the NaNs that
+     * reach here come from arithmetic and are quiet, so the top half stays NaN */
+    const uint32_t nan = x != x ? 0xffffffffu : 0u;
+    return (u + ((0x7fffu + ((u >> 16) & 1u)) & ~nan)) >> 16;
 }
 
 GDN_INLINE uint32_t gdn_load_raw(const void *base, int64_t idx, int dt) {
@@ -126,42 +128,56 @@ GDN_INLINE uint32_t gdn_float_to_raw(float f, int dt) {
     return dt == GDN_F32 ? gdn_f2u(f) : dt == GDN_BF16 ? gdn_float_to_bf16(f) : gdn_float_to_half(f);
 }
 
-/* silu(y) = y * sigmoid(y) with e = exp(-|y|) in (0, 1], so nothing overflows:
- * y / (1 + e) for y >= 0, y * e / (1 + e) below. exp(a): 2^m q(r), r = a - m ln2
- * in [-ln2/2, ln2/2]. Plain arithmetic only, so the channel loops vectorise; NaN
- * propagates through y.
- *   fp32 outputs: a in [-150, 0], two-constant reduction, q of degree 5 (rel. error
- *     2e-7), 2^m applied in two normal halves so subnormal results are right.
- *   16-bit outputs (lowp; rounding 2^-9 bf16, 2^-12 fp16): a in [-88, 0], so m >=
- *     -127 and 2^m is one float built from its exponent bits (m = -127 gives 0, so
- *     y = -inf gives -inf * 0 = NaN like the reference; for y < -87.6, where the
- *     true |silu| < 1e-36 is inside the fp32 accumulation noise of such a y, the
- *     result is 0), one reduction constant, degree 3 (7.5e-5): about half the
- *     operations. */
-GDN_INLINE float gdn_silu(float y, const int lowp) {
-    float a = -fabsf(y);
-    const float lo = lowp ? -88.0f : -150.0f;
-    a = a < lo ? lo : a;
-    const float m = (a * 1.44269504f + 12582912.0f) - 12582912.0f;  /* round to nearest */
-    float q, s;
-    if (lowp) {
-        const float r = a - m * 0.693147182f;
-        q = 0.16566841304302216f * r + 0.5049632787704468f;
-        q = q * r + 1.0001641511917114f;
-        q = q * r + 0.9999280571937561f;
-        s = gdn_u2f((uint32_t)((int32_t)m + 127) << 23);
-    } else {
-        float r = a - m * 0.693359375f;
-        r = r - m * -2.12194440e-4f;
-        q = 0.008297654800117016f * r + 0.04191538318991661f;
-        q = q * r + 0.16667574644088745f;
-        q = q * r + 0.49998894333839417f;
-        q = q * r + 0.9999997019767761f;
-        q = q * r + 1.0000001192092896f;
-        const int32_t mi = (int32_t)m, m1 = mi / 2, m2 = mi - m1;      /* -217..0: halves >= -109 */
-        s = gdn_u2f((uint32_t)(m1 + 127) << 23) * gdn_u2f((uint32_t)(m2 + 127) << 23);
+/* silu(y) = y * sigmoid(y) for an output of dtype dt (a constant). Plain
+ * arithmetic and bit operations only (no selects the compiler could turn into
+ * branches), so the channel loops vectorise; NaN propagates through y.
+ *   16-bit outputs: y / (1 + 2^t) with t = -y log2 e. b = (128 - t) 2^23 and
+ *     a = (t + 127) 2^23 are clamped at 0 by their sign bits, so the int32 of a
+ *     is in [0, 255 << 23] (defined behaviour on every target): floor(t) + 127
+ *     in its exponent field, frac(t) in its mantissa. 2^t = 2^floor(t) q(m),
+ *     m = 1 + frac(t), spans [0, inf]: t <= -127 gives 0 (y / 1), t >= 128
+ *     gives inf (y / inf = -0, and -inf / inf = NaN like the reference's
+ *     -inf * 0). q approximates 2^(m-1) on [1, 2) with relative error 1.7e-3
+ *     (degree 2) for bf16, whose ulp is >= 2^-8 relative, and 7.5e-5 (degree
+ *     3) for fp16 (ulp >= 2^-11), so the result stays within one ulp.
+ *   fp32 outputs: e = exp(-|y|) in (0, 1], a in [-150, 0], y / (1 + e) for
+ *     y >= 0 and y e / (1 + e) below; exp(a) = 2^m q(r), r = a - m ln2 in
+ *     [-ln2/2, ln2/2] by a two-constant reduction, q of degree 5 (2e-7), 2^m
+ *     applied in two normal halves so subnormal results are right. */
+static inline float gdn_clamp0(float a) {  /* a < 0 (or -0, -inf) -> +0, by the sign bit */
+    const uint32_t u = gdn_f2u(a);
+    return gdn_u2f(u & ~(uint32_t)((int32_t)u >> 31));
+}
+
+GDN_INLINE float gdn_silu(float y, const int dt) {
+    if (dt != GDN_F32) {
+        const float b = gdn_clamp0(y * (1.44269504f * 8388608.0f) + 1073741824.0f);
+        const uint32_t bits = (uint32_t)(int32_t)gdn_clamp0(2139095040.0f - b);
+        const uint32_t mant = bits & 0x007fffffu;
+        const float m = gdn_u2f(mant | 0x3f800000u);
+        float q;
+        if (dt == GDN_BF16) {
+            q = 0.337189257144928f * m + -0.016742324456572533f;
+            q = q * m + 0.6812779307365417f;
+        } else {
+            q = 0.07802450656890869f * m + -0.008006353862583637f;
+            q = q * m + 0.4777727425098419f;
+            q = q * m + 0.45213431119918823f;
+        }
+        return y / (1.0f + gdn_u2f(bits ^ mant) * q);
     }
-    const float e = q * s;
+    float a = -fabsf(y);
+    a = a < -150.0f ? -150.0f : a;
+    const float m = (a * 1.44269504f + 12582912.0f) - 12582912.0f;  /* round to nearest */
+    float r = a - m * 0.693359375f;
+    r = r - m * -2.12194440e-4f;
+    float q = 0.008297654800117016f * r + 0.04191538318991661f;
+    q = q * r + 0.16667574644088745f;
+    q = q * r + 0.49998894333839417f;
+    q = q * r + 0.9999997019767761f;
+    q = q * r + 1.0000001192092896f;
+    const int32_t mi = (int32_t)m, m1 = mi / 2, m2 = mi - m1;      /* -217..0: halves >= -109 */
+    const float e = q * gdn_u2f((uint32_t)(m1 + 127) << 23) * gdn_u2f((uint32_t)(m2 + 127) << 23);
     return y * ((y >= 0.0f ? 1.0f : e) / (1.0f + e));
 }
 
