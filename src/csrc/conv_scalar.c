@@ -7,14 +7,14 @@
  * W (a constant), in chunks of GDN_SCALAR_CHUNK channels whose weights are
  * converted once for all the requests. Per request and chunk it reads the whole
  * history window before the first state write, keeps the last W-1 inputs in a
- * ring of W slots (fp32 and raw bits) so the slot that takes x[t] is never one the
+ * ring of W slots (fp32 and raw elements) so the slot that takes x[t] is never one the
  * same loop reads, and writes out[t] only after x[t] is read, so out may be x.
  * Per token two channel loops with no calls or branches, so both vectorise: the
  * convolution into an fp32 row (x kept in the ring and, in spec mode, written to
  * its state row), then activation, rounding and store. */
 GDN_INLINE void gdn_scalar_conv(const char *xrow, int64_t xd, char *srow, int64_t sd,
                                 float (*w)[GDN_SCALAR_CHUNK], const float *b, const float *const *h,
-                                float *xf, uint32_t *xr, float *acc, int64_t n, const int dt,
+                                float *xf, void *xr, float *acc, int64_t n, const int dt,
                                 const int W, const int spec) {
     const int H = W - 1;
     for (int64_t c = 0; c < n; c++) {
@@ -24,8 +24,8 @@ GDN_INLINE void gdn_scalar_conv(const char *xrow, int64_t xd, char *srow, int64_
         for (int k = 0; k < H; k++) a += w[k][c] * h[k][c];
         acc[c] = a + w[H][c] * xv;
         xf[c] = xv;
-        xr[c] = raw;
-        if (spec) gdn_store_raw(srow, c * sd, raw, dt);
+        if (spec) gdn_store_raw(srow, c * sd, raw, dt);  /* the state row is its raw copy */
+        else gdn_store_raw(xr, c, raw, dt);
     }
 }
 
@@ -62,7 +62,9 @@ GDN_INLINE void gdn_scalar_core(const gdn_params *p, const gdn_request *reqs, in
     const int silu = p->silu, spec = p->num_accepted_tokens != NULL;
     float w[GDN_MAX_WIDTH][GDN_SCALAR_CHUNK], b[GDN_SCALAR_CHUNK], acc[GDN_SCALAR_CHUNK];
     float hf[GDN_MAX_WIDTH][GDN_SCALAR_CHUNK];     /* ring: H window inputs + the new one */
-    uint32_t hr[GDN_MAX_WIDTH][GDN_SCALAR_CHUNK];  /* same, raw bits */
+    union { uint16_t h[GDN_MAX_WIDTH][GDN_SCALAR_CHUNK]; uint32_t f[GDN_MAX_WIDTH][GDN_SCALAR_CHUNK]; }
+        ring;                                      /* same, raw elements (plain mode: x too) */
+#define GDN_RAW(k) (dt == GDN_F32 ? (void *)ring.f[k] : (void *)ring.h[k])
 
     for (int64_t cb = c0; cb < c1; cb += GDN_SCALAR_CHUNK) {
         const int64_t n = c1 - cb < GDN_SCALAR_CHUNK ? c1 - cb : GDN_SCALAR_CHUNK;
@@ -76,32 +78,35 @@ GDN_INLINE void gdn_scalar_core(const gdn_params *p, const gdn_request *reqs, in
             for (int k = 0; k < H; k++) {
                 const char *row = st + e * (r->off + k) * sl;
                 for (int64_t c = 0; c < n; c++) {
-                    hr[k][c] = gdn_load_raw(row, c * sd, dt);
-                    hf[k][c] = gdn_raw_to_float(hr[k][c], dt);
+                    const uint32_t raw = gdn_load_raw(row, c * sd, dt);
+                    gdn_store_raw(GDN_RAW(k), c, raw, dt);
+                    hf[k][c] = gdn_raw_to_float(raw, dt);
                 }
             }
             if (spec) /* rows 0..W-3 <- window rows 1..W-2 */
                 for (int k = 0; k + 1 < H; k++)
-                    for (int64_t c = 0; c < n; c++) gdn_store_raw(st + e * k * sl, c * sd, hr[k + 1][c], dt);
+                    for (int64_t c = 0; c < n; c++)
+                        gdn_store_raw(st + e * k * sl, c * sd, gdn_load_raw(GDN_RAW(k + 1), c, dt), dt);
             int head = 0;  /* ring slot of the oldest window input */
             for (int64_t t = 0; t < r->T; t++) {
                 const float *h[GDN_MAX_WIDTH - 1];
                 for (int k = 0; k < H; k++) h[k] = hf[(head + k) % W];
                 const int slot = (head + H) % W;
                 char *srow = st + e * (W - 2 + t) * sl;
-                if (spec) gdn_scalar_conv(xs + e * t * xt, xd, srow, sd, w, b, h, hf[slot], hr[slot], acc, n, dt, W, 1);
-                else gdn_scalar_conv(xs + e * t * xt, xd, srow, sd, w, b, h, hf[slot], hr[slot], acc, n, dt, W, 0);
+                if (spec) gdn_scalar_conv(xs + e * t * xt, xd, srow, sd, w, b, h, hf[slot], NULL, acc, n, dt, W, 1);
+                else gdn_scalar_conv(xs + e * t * xt, xd, srow, sd, w, b, h, hf[slot], GDN_RAW(slot), acc, n, dt, W, 0);
                 if (silu) gdn_scalar_store(os + e * t * ot, od, acc, n, dt, 1);
                 else gdn_scalar_store(os + e * t * ot, od, acc, n, dt, 0);
                 head = head + 1 == W ? 0 : head + 1;
             }
             if (!spec) /* rows 0..W-2 <- the last W-1 inputs */
                 for (int k = 0; k < H; k++) {
-                    const uint32_t *hk = hr[(head + k) % W];
-                    for (int64_t c = 0; c < n; c++) gdn_store_raw(st + e * k * sl, c * sd, hk[c], dt);
+                    const void *hk = GDN_RAW((head + k) % W);
+                    for (int64_t c = 0; c < n; c++) gdn_store_raw(st + e * k * sl, c * sd, gdn_load_raw(hk, c, dt), dt);
                 }
         }
     }
+#undef GDN_RAW
 }
 
 /* Dispatch the scalar core on (dtype, weight dtype, width, unit strides) so each
