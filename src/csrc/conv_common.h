@@ -103,11 +103,14 @@ static inline uint32_t gdn_float_to_half(float x) {  /* round to nearest even */
     return o | (sign >> 16);
 }
 
-static inline uint32_t gdn_float_to_bf16(float x) {  /* round to nearest even */
+/* Round to nearest even. Adding 0x7fff + lsb never carries out of a NaN whose low
+ * 16 bits are zero, so its top half stays NaN: every NaN does when x, state,
+ * weight and bias are all 16-bit (arithmetic keeps an operand's payload or makes
+ * the default NaN), and nan_check (a constant) is needed only with fp32 weights,
+ * whose NaN payloads can carry. */
+static inline uint32_t gdn_float_to_bf16(float x, const int nan_check) {
     const uint32_t u = gdn_f2u(x);
-    /* NaN: no rounding increment, so no carry out of the payload; the NaNs that
-     * reach here come from arithmetic and are quiet, so the top half stays NaN */
-    const uint32_t nan = x != x ? 0xffffffffu : 0u;
+    const uint32_t nan = nan_check && x != x ? 0xffffffffu : 0u;
     return (u + ((0x7fffu + ((u >> 16) & 1u)) & ~nan)) >> 16;
 }
 
@@ -124,8 +127,9 @@ GDN_INLINE float gdn_raw_to_float(uint32_t v, int dt) {
     return dt == GDN_F32 ? gdn_u2f(v) : dt == GDN_BF16 ? gdn_u2f(v << 16) : gdn_half_to_float(v);
 }
 
-GDN_INLINE uint32_t gdn_float_to_raw(float f, int dt) {
-    return dt == GDN_F32 ? gdn_f2u(f) : dt == GDN_BF16 ? gdn_float_to_bf16(f) : gdn_float_to_half(f);
+/* nan_check: see gdn_float_to_bf16 */
+GDN_INLINE uint32_t gdn_float_to_raw(float f, int dt, const int nan_check) {
+    return dt == GDN_F32 ? gdn_f2u(f) : dt == GDN_BF16 ? gdn_float_to_bf16(f, nan_check) : gdn_float_to_half(f);
 }
 
 /* silu(y) = y * sigmoid(y) for an output of dtype dt (a constant). Plain

@@ -45,9 +45,10 @@ static void gdn_silu_row(float *acc, int64_t n, int dt) {
 
 /* Activation, then rounding and store in a second loop. */
 GDN_INLINE void gdn_scalar_store(char *orow, int64_t od, float *acc, int64_t n, const int dt,
-                                 const int silu) {
+                                 const int wdt, const int silu) {
     if (silu) gdn_silu_row(acc, n, dt);
-    for (int64_t c = 0; c < n; c++) gdn_store_raw(orow, c * od, gdn_float_to_raw(acc[c], dt), dt);
+    for (int64_t c = 0; c < n; c++)
+        gdn_store_raw(orow, c * od, gdn_float_to_raw(acc[c], dt, wdt == GDN_F32), dt);
 }
 
 GDN_INLINE void gdn_scalar_core(const gdn_params *p, const gdn_request *reqs, int nreq, int64_t c0,
@@ -95,8 +96,8 @@ GDN_INLINE void gdn_scalar_core(const gdn_params *p, const gdn_request *reqs, in
                 char *srow = st + e * (W - 2 + t) * sl;
                 if (spec) gdn_scalar_conv(xs + e * t * xt, xd, srow, sd, w, b, h, hf[slot], NULL, acc, n, dt, W, 1);
                 else gdn_scalar_conv(xs + e * t * xt, xd, srow, sd, w, b, h, hf[slot], GDN_RAW(slot), acc, n, dt, W, 0);
-                if (silu) gdn_scalar_store(os + e * t * ot, od, acc, n, dt, 1);
-                else gdn_scalar_store(os + e * t * ot, od, acc, n, dt, 0);
+                if (silu) gdn_scalar_store(os + e * t * ot, od, acc, n, dt, wdt, 1);
+                else gdn_scalar_store(os + e * t * ot, od, acc, n, dt, wdt, 0);
                 head = head + 1 == W ? 0 : head + 1;
             }
             if (!spec) /* rows 0..W-2 <- the last W-1 inputs */
