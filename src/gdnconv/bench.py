@@ -18,9 +18,14 @@ per-request torch loop (gdnconv.peers.torch_loop_update on the same memory as
 torch tensors; skipped at B=256 unless --torch-all).
 
 Timing: every callable is warmed up, then calibrated to a batch of calls lasting
-at least --sample-us; each sample is one batch divided by its count
-(time.perf_counter_ns). Repeats are interleaved in one process (each ISA, then the
-copies, then the torch loop) and medians are reported; the number of repeats
+at least --sample-us; each sample is one untimed call, then one batch divided by
+its count (time.perf_counter_ns). Repeats are interleaved in one process (each
+ISA, then the copies, then the torch loop) and medians are reported. The untimed
+call makes every sample start warm, whatever ran before it: without it a sample
+of one call (B=16 on the portable kernel, the torch loop) times a first call
+after the copies have pushed its data out of the caches and the other thread
+pool's workers still spin, while a batch of many short calls mostly times warm
+ones (--cold-samples drops it); the number of repeats
 adapts to --budget seconds per configuration unless --repeats is given. A
 correctness check runs once per configuration before timing (--no-check skips
 it): every ISA on the full batch against the float64 reference for up to 16
@@ -209,7 +214,9 @@ class CpuMeter:
         return max(0.0, (b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]) * 100.0
 
 
-def _sample_ns(fn, n):
+def _sample_ns(fn, n, warm=False):
+    if warm:      # one untimed call: the sample starts warm whatever ran before it
+        fn()
     t0 = time.perf_counter_ns()
     for _ in range(n):
         fn()
@@ -285,15 +292,16 @@ def bench_case(case, isas, args, torch):
         loop_every = max(1, repeats // max(loop_reps, 1))
 
     samples = {k: [] for k, _, _ in timers}
+    warm = not args.cold_samples
     meter = CpuMeter()
     m0 = meter.mark()
     for r in range(repeats):
         for key, fn, isa in timers:
             if isa is not None:
                 gdnconv.set_isa(isa)
-            samples[key].append(_sample_ns(fn, calls[key]))
+            samples[key].append(_sample_ns(fn, calls[key], warm))
         if loop_fn is not None and r % loop_every == 0 and len(loop_samples) < loop_reps:
-            loop_samples.append(_sample_ns(loop_fn, loop_n))
+            loop_samples.append(_sample_ns(loop_fn, loop_n, warm))
 
     others = meter.others_pct(m0, meter.mark())
     copy_np = _stats(samples["copy_np"])[0] / 1e3
@@ -368,7 +376,7 @@ def fixed_cost(isas, args, torch, rng):
     for _ in range(max(args.min_repeats, 21)):
         for key, fn, isa in fns:
             gdnconv.set_isa(isa)
-            samples[key].append(_sample_ns(fn, calls[key]))
+            samples[key].append(_sample_ns(fn, calls[key], not args.cold_samples))
     res = {key: (statistics.median(v) / 1e3, min(v) / 1e3) for key, v in samples.items()}
     return dtype, case.nbytes, res, meter.others_pct(m0, meter.mark())
 
@@ -523,6 +531,8 @@ def add_arguments(parser):
     a("--min-repeats", type=int, default=7, help="fewest adaptive repeats")
     a("--max-repeats", type=int, default=41, help="most adaptive repeats")
     a("--sample-us", type=float, default=250.0, help="a timed sample is a batch of calls lasting at least this")
+    a("--cold-samples", action="store_true",
+      help="no untimed call before each sample: a one-call sample then times a cold first call")
     a("--quick", action="store_true", help="small subset: B 1 16 64, D 8192, T 4, float32 and bfloat16, "
                                            "fewer repeats (explicit axis flags still win)")
     a("--no-torch", action="store_true", help="skip the torch loop even when torch is installed")
