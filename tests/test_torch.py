@@ -127,12 +127,20 @@ def test_state_ds_layout_tensor(isa, rng, dtype):
     assert_bits_equal(storage.transpose(1, 2), ref_state, "DS storage")
 
 
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_torch_index_tensors(isa, rng, index_dtype):
+@pytest.mark.parametrize("index_kind", ["int32", "int64", "int32-strided"])
+def test_torch_index_tensors(isa, rng, index_kind):
+    """Contiguous int32 index tensors are read in place; int64 and strided ones are
+    converted: all three give the reference's result."""
     call = make_call(rng, dtype="bf16", W=3, D=48, T=2, B=5, mode="spec", batching="varlen", pads=True)
     tc = torch_call(call)
     for k in ("num_accepted_tokens", "conv_state_indices", "query_start_loc"):
-        tc["kw"][k] = tc["kw"][k].to(index_dtype)
+        t = tc["kw"][k]
+        if index_kind == "int64":
+            t = t.to(torch.int64)
+        elif index_kind == "int32-strided":
+            t = torch.stack([t, torch.full_like(t, 99)], dim=1)[:, 0]
+            assert not t.is_contiguous()
+        tc["kw"][k] = t
     run_and_check(tc, out_mode="given", rng=rng)
 
 
