@@ -29,6 +29,7 @@ vLLM, and a plain copy of SPEC's byte count (the faster of np.copyto and torch
 copy_), at D=8192, W=4, T=4, L=6, speculative mode, silu, bf16,
 num_accepted_tokens random in [1, T], state slots in a random permutation.
 vLLM's kernel runs on torch's thread pool; both libraries get --threads threads.
+Each sample starts with one untimed call, as in ``gdnconv bench``.
 """
 import argparse
 import datetime
@@ -248,7 +249,7 @@ def time_batch(torch, ops, rng, B, args):
     m0 = meter.mark()
     for _ in range(reps):
         for k, f in fns.items():
-            samples[k].append(_sample_ns(f, calls[k]))
+            samples[k].append(_sample_ns(f, calls[k], not args.cold_samples))
     others = meter.others_pct(m0, meter.mark())
     med = {k: statistics.median(v) / 1e3 for k, v in samples.items()}
     med["copy"] = min(med["copy_np"], med["copy_torch"])
@@ -262,6 +263,8 @@ def main(argv=None):
     ap.add_argument("--dim", type=int, default=8192, help="D (a multiple of 32 for vLLM)")
     ap.add_argument("--tokens", type=int, default=4, help="T tokens per request (L = W-2+T)")
     ap.add_argument("--bias", action="store_true", help="time with a bias (Qwen3-Next/3.5 have none)")
+    ap.add_argument("--cold-samples", action="store_true",
+                    help="no untimed call before each sample (as gdnconv bench --cold-samples)")
     ap.add_argument("--weight", choices=("raw", "packed"), default="raw",
                     help="gdnconv's weight: raw bf16 (D, W), or gdnconv.pack_weight once (vLLM always gets its "
                          "own packed weight)")
