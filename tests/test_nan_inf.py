@@ -111,6 +111,27 @@ def test_specific_payloads_from_x_and_state(isa, dtype):
     assert np.isnan(f64(out)).all()
 
 
+@pytest.mark.parametrize("nan_bits", [0x7FFFFFFF, 0xFFFFFFFF, 0x7F80FFFF], ids=["max", "neg-max", "low-payload"])
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_fp32_weight_nan_payloads_stay_nan_in_bf16(isa, nan_bits, activation):
+    """An fp32 weight NaN whose low payload bits would carry when rounded to bf16
+    (0x7fffffff + 0x7fff would make -0, 0x7f80ffff inf) still gives NaN outputs,
+    and only in its channel; bf16's own largest NaN (0x7fff) in x does too."""
+    W, T, D = 4, 3, 40
+    bf = DTYPES["bf16"]
+    x = np.ones((2, T, D), bf)
+    state = np.ones((2, W - 1, D), bf)
+    w = np.full((D, W), 0.25, np.float32)
+    for c in (3, 37):   # a SIMD lane and the scalar tail
+        w.view(np.uint32)[c, 1] = nan_bits
+    x.view(np.uint16)[1, 0, 20] = 0x7FFF
+    out = gdnconv.conv_update_multi(x, state, w, activation=activation)
+    expected = np.zeros(out.shape, bool)
+    expected[:, :, [3, 37]] = True
+    expected[1, 0:min(T, W), 20] = True
+    assert np.array_equal(np.isnan(f64(out)), expected)
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("channel", [2, 40], ids=["simd-lane", "tail"])
 def test_infinities_through_silu(isa, dtype, channel):
