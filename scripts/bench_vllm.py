@@ -242,7 +242,7 @@ def time_batch(torch, ops, rng, B, args):
     calls, cost = {}, 0.0
     for k, f in fns.items():
         calls[k], t = _calibrate(f, args.sample_us * 1e3)
-        cost += calls[k] * t * 1e-9
+        cost += (calls[k] + (not args.cold_samples)) * t * 1e-9   # + the untimed call
     reps = args.repeats or int(min(61, max(11, args.budget / max(cost, 1e-9))))
     samples = {k: [] for k in fns}
     meter = CpuMeter()

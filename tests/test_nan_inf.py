@@ -115,8 +115,10 @@ def test_specific_payloads_from_x_and_state(isa, dtype):
 @pytest.mark.parametrize("activation", [None, "silu"])
 def test_fp32_weight_nan_payloads_stay_nan_in_bf16(isa, nan_bits, activation):
     """An fp32 weight NaN whose low payload bits would carry when rounded to bf16
-    (0x7fffffff + 0x7fff would make -0, 0x7f80ffff inf) still gives NaN outputs,
-    and only in its channel; bf16's own largest NaN (0x7fff) in x does too."""
+    (0x7fffffff + 0x7fff would make -0, 0xffffffff +0) still gives NaN outputs, and
+    only in its channel; so does a signaling NaN with only low payload bits
+    (0x7f80ffff, quieted by the first product), and bf16's own largest NaN (0x7fff)
+    in x."""
     W, T, D = 4, 3, 40
     bf = DTYPES["bf16"]
     x = np.ones((2, T, D), bf)

@@ -129,7 +129,7 @@ def test_state_ds_layout_tensor(isa, rng, dtype):
 
 @pytest.mark.parametrize("index_kind", ["int32", "int64", "int32-strided"])
 def test_torch_index_tensors(isa, rng, index_kind):
-    """Contiguous int32 index tensors are read in place; int64 and strided ones are
+    """Contiguous int32 index tensors are read in place, int64 and strided ones are
     converted: all three give the reference's result."""
     call = make_call(rng, dtype="bf16", W=3, D=48, T=2, B=5, mode="spec", batching="varlen", pads=True)
     tc = torch_call(call)
@@ -142,6 +142,26 @@ def test_torch_index_tensors(isa, rng, index_kind):
             assert not t.is_contiguous()
         tc["kw"][k] = t
     run_and_check(tc, out_mode="given", rng=rng)
+
+
+def test_torch_int32_index_tensors_read_in_place(monkeypatch):
+    """Contiguous int32 index tensors do not go through .numpy(), and give what the
+    same indices as NumPy arrays give."""
+    D, W = 40, 4
+    x = torch.randn(3, 2, D).to(torch.bfloat16)
+    state = torch.randn(5, W - 2 + 2, D).to(torch.bfloat16)
+    w = torch.randn(D, W).to(torch.bfloat16)
+    idx, nat = [4, 0, 2], [1, 2, 1]
+    want_state = state.clone()
+    want = gdnconv.conv_update_multi(x, want_state, w, num_accepted_tokens=np.array(nat, np.int32),
+                                     conv_state_indices=np.array(idx, np.int32))
+    def no_numpy(self, *a, **k):
+        raise AssertionError("an index tensor went through .numpy()")
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    got = gdnconv.conv_update_multi(x, state, w, num_accepted_tokens=torch.tensor(nat, dtype=torch.int32),
+                                    conv_state_indices=torch.tensor(idx, dtype=torch.int32))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(state.view(torch.int16), want_state.view(torch.int16))
 
 
 def test_torch_fp32_weight_with_bf16_activations(isa, rng):

@@ -80,8 +80,9 @@ static inline gdn_request gdn_get_request(const gdn_params *p, int64_t i) {
 static inline float gdn_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t gdn_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
-/* The conversions and gdn_silu (dt is a constant) are branch-free (selects
- * only) so that the channel loops of the portable core vectorise. */
+/* The conversions and gdn_silu (dt is a constant) are branch-free (bit
+ * operations and selects) so that the channel loops of the portable core
+ * vectorise. */
 static inline float gdn_half_to_float(uint32_t h) {
     const uint32_t sign = (h & 0x8000u) << 16;
     const uint32_t o = (h & 0x7fffu) << 13;
@@ -105,9 +106,10 @@ static inline uint32_t gdn_float_to_half(float x) {  /* round to nearest even */
 
 /* Round to nearest even. Adding 0x7fff + lsb never carries out of a NaN whose low
  * 16 bits are zero, so its top half stays NaN: every NaN does when x, state,
- * weight and bias are all 16-bit (arithmetic keeps an operand's payload or makes
+ * weight and bias are all bf16 (arithmetic keeps an operand's payload or makes
  * the default NaN), and nan_check (a constant) is needed only with fp32 weights,
- * whose NaN payloads can carry. */
+ * whose NaN payloads can carry. With it, a NaN is truncated, which keeps it NaN
+ * because NaNs that come out of arithmetic are quiet (bit 22 set). */
 static inline uint32_t gdn_float_to_bf16(float x, const int nan_check) {
     const uint32_t u = gdn_f2u(x);
     const uint32_t nan = nan_check && x != x ? 0xffffffffu : 0u;
@@ -132,25 +134,35 @@ GDN_INLINE uint32_t gdn_float_to_raw(float f, int dt, const int nan_check) {
     return dt == GDN_F32 ? gdn_f2u(f) : dt == GDN_BF16 ? gdn_float_to_bf16(f, nan_check) : gdn_float_to_half(f);
 }
 
-/* silu(y) = y * sigmoid(y) for an output of dtype dt (a constant). Plain
- * arithmetic and bit operations only (no selects the compiler could turn into
- * branches), so the channel loops vectorise; NaN propagates through y.
- *   16-bit outputs: y / (1 + 2^t) with t = -y log2 e. b = (128 - t) 2^23 and
- *     a = (t + 127) 2^23 are clamped at 0 by their sign bits, so the int32 of a
- *     is in [0, 255 << 23] (defined behaviour on every target): floor(t) + 127
- *     in its exponent field, frac(t) in its mantissa. 2^t = 2^floor(t) q(m),
- *     m = 1 + frac(t), spans [0, inf]: t <= -127 gives 0 (y / 1), t >= 128
- *     gives inf (y / inf = -0, and -inf / inf = NaN like the reference's
- *     -inf * 0). q approximates 2^(m-1) on [1, 2) with relative error 1.7e-3
- *     (degree 2) for bf16, whose ulp is >= 2^-8 relative, and 7.5e-5 (degree
- *     3) for fp16 (ulp >= 2^-11), so the result stays within one ulp.
+/* silu(y) = y * sigmoid(y) for an output of dtype dt (a constant). NaN
+ * propagates through y.
+ *   16-bit outputs: arithmetic and bit operations only (selects here made GCC
+ *     move them to the result and compute the division twice), so the loop
+ *     vectorises to ~18 SSE2 operations per 4 outputs. y / (1 + 2^t), t = -y
+ *     log2 e. b = (128 - t) 2^23 and a = (t + 127) 2^23 are clamped at 0 by
+ *     their sign bits, so for every finite or infinite y the int32 of a is in
+ *     [0, 255 << 23]: floor(t) + 127 in its exponent field, frac(t) in its
+ *     mantissa. 2^t = 2^floor(t) q(m), m = 1 + frac(t), spans [0, inf]: t < -126
+ *     gives 0 (y / 1), t >= 128 gives inf (y / inf = -0, and -inf / inf = NaN
+ *     like the reference's -inf * 0). A NaN y with its sign bit clear reaches
+ *     the conversion as NaN: Annex F (IEC 60559) makes that an unspecified
+ *     value, and whatever it is y / (...) is NaN; masking the NaN first measured
+ *     7% slower on the whole portable kernel. q approximates 2^(m-1) on [1, 2)
+ *     with relative error 1.7e-3 (degree 2) for bf16, whose ulp is >= 2^-8
+ *     relative, and 7.5e-5 (degree 3) for fp16 (ulp >= 2^-11), so the result
+ *     stays within one ulp. For y in about (-97, -88.7) the true |silu| (up to
+ *     2.6e-37) is a bf16 normal or subnormal and the result is -0: that is inside
+ *     the fp32 accumulation noise of such a y (8 * 2^-24 * |y|), as for the
+ *     AVX-512 kernel (AVX2's fp32 formulation gets those values).
  *   fp32 outputs: e = exp(-|y|) in (0, 1], a in [-150, 0], y / (1 + e) for
  *     y >= 0 and y e / (1 + e) below; exp(a) = 2^m q(r), r = a - m ln2 in
  *     [-ln2/2, ln2/2] by a two-constant reduction, q of degree 5 (2e-7), 2^m
  *     applied in two normal halves so subnormal results are right. */
-static inline float gdn_clamp0(float a) {  /* a < 0 (or -0, -inf) -> +0, by the sign bit */
+/* Sign bit set (-0, -inf, and a NaN with the sign bit) -> +0; a NaN without it
+ * passes. */
+static inline float gdn_clamp0(float a) {
     const uint32_t u = gdn_f2u(a);
-    return gdn_u2f(u & ~(uint32_t)((int32_t)u >> 31));
+    return gdn_u2f(u & ~(0u - (u >> 31)));
 }
 
 GDN_INLINE float gdn_silu(float y, const int dt) {

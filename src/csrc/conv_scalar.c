@@ -9,9 +9,9 @@
  * history window before the first state write, keeps the last W-1 inputs in a
  * ring of W slots (fp32 and raw elements) so the slot that takes x[t] is never one the
  * same loop reads, and writes out[t] only after x[t] is read, so out may be x.
- * Per token two channel loops with no calls or branches, so both vectorise: the
- * convolution into an fp32 row (x kept in the ring and, in spec mode, written to
- * its state row), then activation, rounding and store. */
+ * Per token, channel loops without branches, so each vectorises: the convolution
+ * into an fp32 row (x kept in the ring and, in spec mode, written to its state
+ * row), the activation in place (gdn_silu_row), then rounding and store. */
 GDN_INLINE void gdn_scalar_conv(const char *xrow, int64_t xd, char *srow, int64_t sd,
                                 float (*w)[GDN_SCALAR_CHUNK], const float *b, const float *const *h,
                                 float *xf, void *xr, float *acc, int64_t n, const int dt,

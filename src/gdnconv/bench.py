@@ -21,7 +21,8 @@ Timing: every callable is warmed up, then calibrated to a batch of calls lasting
 at least --sample-us; each sample is one untimed call, then one batch divided by
 its count (time.perf_counter_ns). Repeats are interleaved in one process (each
 ISA, then the copies, then the torch loop) and medians are reported. The untimed
-call makes every sample start warm, whatever ran before it: without it a sample
+call makes every sample start warm, whatever ran before it (but a torch loop
+call too slow to repeat is its own cold sample, see below): without it a sample
 of one call (B=16 on the portable kernel, the torch loop) times a first call
 after the copies have pushed its data out of the caches and the other thread
 pool's workers still spin, while a batch of many short calls mostly times warm
@@ -236,8 +237,8 @@ def _calibrate(fn, sample_ns):
     t = _sample_ns(fn, 1)
     if t >= sample_ns:
         return 1, t
-    warm = max(2, min(50, int(20e6 / max(t, 1))))   # about 20 ms of warm-up, 2..50 calls
-    _sample_ns(fn, warm)
+    n_warm = max(2, min(50, int(20e6 / max(t, 1))))   # about 20 ms of warm-up, 2..50 calls
+    _sample_ns(fn, n_warm)
     t = min(_sample_ns(fn, 1) for _ in range(3))
     n = max(1, math.ceil(sample_ns / max(t, 1)))
     t = _sample_ns(fn, n)
@@ -272,7 +273,8 @@ def bench_case(case, isas, args, torch):
         if isa is not None:
             gdnconv.set_isa(isa)
         calls[key], est[key] = _calibrate(fn, sample_ns)
-    cost = sum(calls[k] * est[k] for k, _, _ in timers) * 1e-9   # seconds per repeat
+    warm = not args.cold_samples
+    cost = sum((calls[k] + warm) * est[k] for k, _, _ in timers) * 1e-9   # seconds per repeat
     if args.repeats:
         repeats = args.repeats
     else:
@@ -286,13 +288,12 @@ def bench_case(case, isas, args, torch):
         # the torch loop is slow (fp16 conv1d on CPU: ~40 ms per request): half the budget,
         # at least one sample, at most one per repeat
         loop_budget = args.budget * 0.5
-        loop_reps = int(min(repeats, max(1, loop_budget / max(loop_n * loop_est * 1e-9, 1e-9))))
+        loop_reps = int(min(repeats, max(1, loop_budget / max((loop_n + warm) * loop_est * 1e-9, 1e-9))))
         if args.repeats:
             loop_reps = min(repeats, max(3, repeats // 4))
         loop_every = max(1, repeats // max(loop_reps, 1))
 
     samples = {k: [] for k, _, _ in timers}
-    warm = not args.cold_samples
     meter = CpuMeter()
     m0 = meter.mark()
     for r in range(repeats):
