@@ -612,7 +612,8 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
 
     State roll, plain mode: ``conv_state[s, :W-1]`` keeps the last ``W-1`` rows of the
     window. Speculative mode: ``conv_state[s, :W-2] <- conv_state[s, off+1:off+W-1]``
-    and ``conv_state[s, W-2:W-2+T_i] <- x_i``; later rows are untouched. The roll is a
+    and ``conv_state[s, W-2:W-2+T_i] <- x_i``; later rows are untouched. A request
+    with ``T_i = 0`` or a pad slot leaves its slot untouched. The roll is a
     bit-exact copy (NaN payloads included).
 
     Args:
@@ -628,7 +629,8 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             vLLM. Note the layout: ``x`` is ``(B, T, D)`` where vLLM's Triton path
             takes ``(B, D, T)``.
         num_accepted_tokens: ``(B,)`` integer, accepted tokens of the previous step
-            per request (``1 <= n <= L - W + 2``); None for plain decode.
+            per request (``1 <= n <= L - W + 2``, not checked for pad requests);
+            None for plain decode.
         conv_state_indices: ``(B,)`` integer slot per request; default ``arange(B)``.
             A request whose slot equals ``pad_slot_id`` is skipped entirely.
         query_start_loc: ``(B + 1,)`` integer offsets of each request's rows in a 2-D
@@ -644,8 +646,10 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
         ``out`` (a new NumPy array or torch tensor like ``x`` when not given).
 
     Raises:
-        TypeError: an argument is not an array/tensor, dtypes are unsupported or mixed,
-            or an index array is not of an integer dtype.
+        TypeError: ``conv_state``, ``weight``, ``bias`` or ``out`` is not an
+            array/tensor (``x`` and the index arguments may be sequences NumPy
+            converts), dtypes are unsupported or mixed, or an index array is not of
+            an integer dtype.
         ValueError: wrong rank or shape, ``D``/``W`` mismatch, width outside 2..8,
             ``state_len`` too small, slot out of range or used twice, a written
             array that overlaps itself or has non-native byte order,
