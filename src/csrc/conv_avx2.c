@@ -66,14 +66,50 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
     return r;
 }
 
-/* silu as in conv_avx512.c's fp32 path (clamp, two-constant reduction); 2^m is
- * applied in two halves so that subnormal results come out right without scalef,
- * and rcp (2^-12) gets a Newton step except for bf16 outputs. Each step runs across all n vectors. */
+/* silu(y) = y * sigmoid(y), each step across all n vectors.
+ * 16-bit outputs: sigmoid = 1 / (1 + 2^t), t = -y log2 e clamped to [-127, 128]
+ *   (max/min return the constant for a NaN t; y carries the NaN), 2^t =
+ *   2^floor(t) p(frac) with 2^floor(t) from the exponent bits (t = 128 gives
+ *   inf: y = -inf then gives -inf * 0 = NaN like the reference), p of degree 3
+ *   on [0, 1) (7.5e-5), then y * rcp (2^-12) for bf16 outputs, 15 operations,
+ *   or a division for fp16 (a Newton step after rcp would turn 2^t = inf into
+ *   NaN). rcp flushes results below 2^-126 to 0, so bf16 outputs for y < ~-87.3
+ *   are -0, inside the fp32 accumulation noise of such a y (as the AVX-512 and
+ *   portable kernels).
+ * fp32 outputs: as conv_avx512.c's fp32 path (clamp, two-constant reduction);
+ *   2^m is applied in two halves so that subnormal results come out right
+ *   without scalef, and rcp gets a Newton step. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     V a[4], m[4], r[4], q[4], e[4], d[4];
     const V one = _mm256_set1_ps(1.0f);
     const __m256i bias = _mm256_set1_epi32(127);
+    if (dt != GDN_F32) {
+#pragma GCC unroll 4
+        EACH m[i] = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(y[i], _mm256_set1_ps(-1.44269504f)),
+                                                _mm256_set1_ps(-127.0f)), _mm256_set1_ps(128.0f));
+#pragma GCC unroll 4
+        EACH a[i] = _mm256_floor_ps(m[i]);
+#pragma GCC unroll 4
+        EACH r[i] = _mm256_sub_ps(m[i], a[i]);
+#pragma GCC unroll 4
+        EACH q[i] = _mm256_fmadd_ps(_mm256_set1_ps(0.07802451401948929f), r[i], _mm256_set1_ps(0.22606724500656128f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.6958334445953369f));
+#pragma GCC unroll 4
+        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.9999252557754517f));
+#pragma GCC unroll 4
+        EACH e[i] = _mm256_add_ps(one, _mm256_mul_ps(q[i], _mm256_castsi256_ps(_mm256_slli_epi32(
+                        _mm256_add_epi32(_mm256_cvttps_epi32(a[i]), bias), 23))));
+        if (dt == GDN_F16) {  /* y / (1 + 2^t): 2^t = inf gives -0 (a Newton step would give NaN) */
+#pragma GCC unroll 4
+            EACH y[i] = _mm256_div_ps(y[i], e[i]);
+        } else {
+#pragma GCC unroll 4
+            EACH y[i] = _mm256_mul_ps(y[i], _mm256_rcp_ps(e[i]));
+        }
+        return;
+    }
 #pragma GCC unroll 4
     EACH a[i] = _mm256_max_ps(_mm256_set1_ps(-150.0f),
                               _mm256_or_ps(y[i], _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
@@ -84,25 +120,16 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(0.693359375f), a[i]);
 #pragma GCC unroll 4
     EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(-2.12194440e-4f), r[i]);
-    if (dt == GDN_F32) {
 #pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(_mm256_set1_ps(0.008297654800117016f), r[i], _mm256_set1_ps(0.04191538318991661f));
+    EACH q[i] = _mm256_fmadd_ps(_mm256_set1_ps(0.008297654800117016f), r[i], _mm256_set1_ps(0.04191538318991661f));
 #pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.16667574644088745f));
+    EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.16667574644088745f));
 #pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.49998894333839417f));
+    EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.49998894333839417f));
 #pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.9999997019767761f));
+    EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.9999997019767761f));
 #pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(1.0000001192092896f));
-    } else {
-#pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(_mm256_set1_ps(0.16566841304302216f), r[i], _mm256_set1_ps(0.5049632787704468f));
-#pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(1.0001641511917114f));
-#pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.9999280571937561f));
-    }
+    EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(1.0000001192092896f));
 #pragma GCC unroll 4
     EACH {
         const __m256i mi = _mm256_cvtps_epi32(m[i]);             /* -217..0 */
@@ -113,10 +140,8 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     }
 #pragma GCC unroll 4
     EACH d[i] = _mm256_rcp_ps(_mm256_add_ps(e[i], one));
-    if (dt != GDN_BF16) {
 #pragma GCC unroll 4
-        EACH d[i] = _mm256_fmadd_ps(d[i], _mm256_fnmadd_ps(_mm256_add_ps(e[i], one), d[i], one), d[i]);
-    }
+    EACH d[i] = _mm256_fmadd_ps(d[i], _mm256_fnmadd_ps(_mm256_add_ps(e[i], one), d[i], one), d[i]);
 #pragma GCC unroll 4
     EACH y[i] = _mm256_mul_ps(y[i], _mm256_blendv_ps(d[i], _mm256_mul_ps(d[i], e[i]),
                                                      _mm256_cmp_ps(y[i], _mm256_setzero_ps(), _CMP_LT_OQ)));
