@@ -92,12 +92,13 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         EACH a[i] = _mm256_floor_ps(m[i]);
 #pragma GCC unroll 4
         EACH r[i] = _mm256_sub_ps(m[i], a[i]);
+        static const float c[] = {GDN_EXP2_DEG3};
 #pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(_mm256_set1_ps(0.07802451401948929f), r[i], _mm256_set1_ps(0.22606724500656128f));
+        EACH q[i] = _mm256_set1_ps(c[0]);
+#pragma GCC unroll 3
+        for (int k = 1; k <= 3; k++)
 #pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.6958334445953369f));
-#pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.9999252557754517f));
+            EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(c[k]));
 #pragma GCC unroll 4
         EACH e[i] = _mm256_add_ps(one, _mm256_mul_ps(q[i], _mm256_castsi256_ps(_mm256_slli_epi32(
                         _mm256_add_epi32(_mm256_cvttps_epi32(a[i]), bias), 23))));

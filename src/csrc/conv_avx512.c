@@ -113,19 +113,15 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         EACH m[i] = _mm512_mul_ps(y[i], _mm512_set1_ps(-1.44269504f));          /* t = -y log2 e */
 #pragma GCC unroll 4
         EACH r[i] = _mm512_reduce_ps(m[i], _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);  /* t - floor t */
-        if (dt == GDN_F16) {
+        static const float p3[] = {GDN_EXP2_DEG3}, p2[] = {GDN_EXP2_DEG2};
+        const float *c = dt == GDN_F16 ? p3 : p2;   /* bf16: degree 2 */
+        const int deg = dt == GDN_F16 ? 3 : 2;
 #pragma GCC unroll 4
-            EACH q[i] = _mm512_fmadd_ps(_mm512_set1_ps(0.07802451401948929f), r[i], _mm512_set1_ps(0.22606724500656128f));
+        EACH q[i] = _mm512_set1_ps(c[0]);
+#pragma GCC unroll 3
+        for (int k = 1; k <= deg; k++)
 #pragma GCC unroll 4
-            EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.6958334445953369f));
-#pragma GCC unroll 4
-            EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.9999252557754517f));
-        } else {  /* bf16 */
-#pragma GCC unroll 4
-            EACH q[i] = _mm512_fmadd_ps(_mm512_set1_ps(0.337189257144928f), r[i], _mm512_set1_ps(0.6576361656188965f));
-#pragma GCC unroll 4
-            EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(1.0017248392105103f));
-        }
+            EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(c[k]));
 #pragma GCC unroll 4
         EACH d[i] = _mm512_rcp14_ps(_mm512_add_ps(_mm512_scalef_ps(q[i], m[i]), one));
 #pragma GCC unroll 4

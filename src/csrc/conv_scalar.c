@@ -96,8 +96,7 @@ GDN_INLINE void gdn_scalar_core(const gdn_params *p, const gdn_request *reqs, in
                 char *srow = st + e * (W - 2 + t) * sl;
                 if (spec) gdn_scalar_conv(xs + e * t * xt, xd, srow, sd, w, b, h, hf[slot], NULL, acc, n, dt, W, 1);
                 else gdn_scalar_conv(xs + e * t * xt, xd, srow, sd, w, b, h, hf[slot], GDN_RAW(slot), acc, n, dt, W, 0);
-                if (silu) gdn_scalar_store(os + e * t * ot, od, acc, n, dt, wdt, 1);
-                else gdn_scalar_store(os + e * t * ot, od, acc, n, dt, wdt, 0);
+                gdn_scalar_store(os + e * t * ot, od, acc, n, dt, wdt, silu);
                 head = head + 1 == W ? 0 : head + 1;
             }
             if (!spec) /* rows 0..W-2 <- the last W-1 inputs */
