@@ -5,9 +5,10 @@
 
 /* The portable core: requests reqs[0..nreq), channels [c0, c1), any strides, width
  * W (a constant), in chunks of GDN_SCALAR_CHUNK channels whose weights are
- * converted once for all the requests. Per request and chunk it reads the whole
- * history window before the first state write, keeps the last W-1 inputs in a
- * ring of W slots (fp32 and raw elements) so the slot that takes x[t] is never one the
+ * converted once for all the requests. Per request and chunk it reads every
+ * window row before a state write can reach it (spec mode writes the roll's
+ * rows 0..W-3 as it reads window rows 1..W-2), keeps the last W-1 inputs in a
+ * ring of W slots (fp32, and raw elements in plain mode) so the slot that takes x[t] is never one the
  * same loop reads, and writes out[t] only after x[t] is read, so out may be x.
  * Per token, channel loops without branches, so each vectorises: the convolution
  * into an fp32 row (x kept in the ring and, in spec mode, written to its state
@@ -78,16 +79,21 @@ GDN_INLINE void gdn_scalar_core(const gdn_params *p, const gdn_request *reqs, in
             char *os = r->out + e * cb * od;        /* [T, D] */
             for (int k = 0; k < H; k++) {
                 const char *row = st + e * (r->off + k) * sl;
+                if (spec && k == 0) {
+                    for (int64_t c = 0; c < n; c++) hf[0][c] = gdn_raw_to_float(gdn_load_raw(row, c * sd, dt), dt);
+                    continue;
+                }
+                /* spec: the roll's rows 0..W-3 <- window rows 1..W-2, each written as
+                 * it is read (row k - 1 is below every window row still to be read);
+                 * plain mode keeps the raw window for its roll after the tokens */
+                char *dst = spec ? st + e * (k - 1) * sl : (char *)GDN_RAW(k);
+                const int64_t dd = spec ? sd : 1;
                 for (int64_t c = 0; c < n; c++) {
                     const uint32_t raw = gdn_load_raw(row, c * sd, dt);
-                    gdn_store_raw(GDN_RAW(k), c, raw, dt);
+                    gdn_store_raw(dst, c * dd, raw, dt);
                     hf[k][c] = gdn_raw_to_float(raw, dt);
                 }
             }
-            if (spec) /* rows 0..W-3 <- window rows 1..W-2 */
-                for (int k = 0; k + 1 < H; k++)
-                    for (int64_t c = 0; c < n; c++)
-                        gdn_store_raw(st + e * k * sl, c * sd, gdn_load_raw(GDN_RAW(k + 1), c, dt), dt);
             int head = 0;  /* ring slot of the oldest window input */
             for (int64_t t = 0; t < r->T; t++) {
                 const float *h[GDN_MAX_WIDTH - 1];
