@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gdnconv
-from conftest import (DTYPES, allowed_error, assert_bits_equal, f64, make_call, reference,
+from conftest import (BF16, DTYPES, allowed_error, assert_bits_equal, f64, make_call, reference,
                       run_and_check, skipped_rows)
 
 def _run_python(code, isa_env):
@@ -183,3 +183,36 @@ def test_isa_availability_follows_cpu_features():
     expect = {"avx2": avx2, "avx512": avx512, "avx512bf16": avx512 and f["avx512_bf16"], "scalar": True}
     for name in compiled:
         assert (name in available) == bool(expect[name]), (name, f)
+
+
+@pytest.mark.parametrize("activation", ["silu", None], ids=["silu", "noact"])
+def test_bf16_native_store_matches_integer_rounding(rng, activation):
+    """avx512bf16 stores bf16 with the CPU's conversion instructions (which flush subnormals)
+    and redoes a line holding a zero or subnormal result; avx512 rounds in integer arithmetic.
+    Both round the same fp32 results to nearest even, so outputs agree bit for bit, on data
+    with zeros and subnormal-scale values scattered through the lines."""
+    if not {"avx512bf16", "avx512"} <= set(gdnconv.available_isas()):
+        pytest.skip(f"needs avx512bf16 and avx512 (available: {gdnconv.available_isas()})")
+    B, T, D, W, L = 5, 4, 1000 + 37, 4, 6
+    x = rng.standard_normal((B, T, D)).astype(np.float32)
+    u = rng.random(x.shape)
+    x[u < 0.02] = 0.0
+    x[(u >= 0.02) & (u < 0.04)] *= 1e-39          # fp32 subnormals, bf16 subnormal after rounding
+    x = x.astype(BF16)
+    state = rng.standard_normal((B + 2, L, D)).astype(BF16)
+    state[:, :, ::7] = 0
+    w = rng.standard_normal((D, W)).astype(BF16)
+    w[::5] = 0                                     # whole channels of exact zeros
+    kw = dict(activation=activation, num_accepted_tokens=np.array([1, 2, 3, 1, 2], np.int32),
+              conv_state_indices=np.array([6, 0, 2, 4, 1], np.int32))
+    outs = {}
+    previous = gdnconv.active_isa()
+    try:
+        for name in ("avx512bf16", "avx512"):
+            gdnconv.set_isa(name)
+            outs[name] = gdnconv.conv_update_multi(x, state.copy(), w, **kw)
+    finally:
+        gdnconv.set_isa(previous)
+    tiny = np.abs(f64(outs["avx512"])) < 2.0 ** -126
+    assert np.count_nonzero(tiny & (outs["avx512"] != 0)) > 0, "no subnormal outputs: the case is not exercised"
+    assert_bits_equal(outs["avx512bf16"], outs["avx512"], "avx512bf16 vs avx512 outputs")

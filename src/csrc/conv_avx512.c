@@ -55,6 +55,21 @@ GDN_INLINE R from_f32(V v, int dt) {
     return _mm512_castsi256_si512(_mm512_cvtepi32_epi16(r));
 }
 
+/* Two vectors to bf16 with one vcvtne2ps2bf16 and one 64-byte store. Its output is
+ * +-0 exactly for a +-0 or subnormal input (bf16 shares fp32's exponent range, and
+ * subnormals are flushed), so a line holding a zero is redone by from_f32, which
+ * rounds subnormals itself. */
+#define SIMD_ST2_NATIVE 1
+GDN_INLINE void st2_native(char *p, V lo, V hi) {
+    const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    if (!_mm512_testn_epi16_mask(r, _mm512_set1_epi16(0x7fff))) {
+        _mm512_storeu_si512(p, r);
+    } else {
+        st_raw(p, from_f32(lo, GDN_BF16_NATIVE), GDN_BF16);
+        st_raw(p + 32, from_f32(hi, GDN_BF16_NATIVE), GDN_BF16);
+    }
+}
+
 GDN_INLINE V vload(const float *p) { return _mm512_loadu_ps(p); }
 GDN_INLINE void vstore(float *p, V v) { _mm512_storeu_ps(p, v); }
 GDN_INLINE V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }

@@ -8,6 +8,8 @@
  *   vsilu_n(y, n, dt)     silu of n vectors in place, each step across all n
  *   gather_taps(v, W, k)  tap k of LANES channels from W vectors holding [LANES, W]
  *   taps16(src, wdt, W, t)  optional (SIMD_TAPS16): the same for 16-bit weights, W <= 4
+ *   st2_native(p, lo, hi)   optional (SIMD_ST2_NATIVE): store two vectors of dtype
+ *                           GDN_BF16_NATIVE, lo then hi, exactly as two st_raw(from_f32)
  * and then defines its kernels as calls of simd_kernel().
  * Channels past the last whole 64-byte line of a block go to the shared scalar core. */
 
@@ -39,9 +41,16 @@ GDN_INLINE void simd_tokens(const char *xs, int64_t bs, char *os, int64_t ot, in
         }
     if (silu) vsilu_n(acc, n * NV, dt);
 #pragma GCC unroll 8
-    for (int j = 0; j < n; j++)
+    for (int j = 0; j < n; j++) {
+#ifdef SIMD_ST2_NATIVE
+        if (dt == GDN_BF16_NATIVE && NV == 2) {
+            st2_native(os + (j0 + j) * ot, acc[j * NV], acc[j * NV + 1]);
+            continue;
+        }
+#endif
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) st_raw(os + (j0 + j) * ot + v * ve, from_f32(acc[j * NV + v], dt), dt);
+    }
 #pragma GCC unroll 8
     for (int k = 0; k < H; k++)
 #pragma GCC unroll 4
