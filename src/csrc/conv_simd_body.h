@@ -128,7 +128,8 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
                     }
                     if (j < nt) simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 1, NV, dt, W, silu);
                 }
-                simd_copy(buf, buf + nt * bs, H * bs);  /* the last H inputs become the window */
+                if (!spec || t0 + nt < r.T)  /* the last H inputs become the window (plain mode's roll) */
+                    simd_copy(buf, buf + nt * bs, H * bs);
             }
             if (!spec)  /* rows 0..W-2 <- the last W-1 inputs of the window */
                 for (int k = 0; k < H; k++) simd_copy(st + k * sl, buf + k * bs, bytes);
