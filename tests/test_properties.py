@@ -71,6 +71,30 @@ def test_output_independent_of_batch_neighbours(isa, rng, mode, batching):
         assert_bits_equal(alone_state[s], full_state[s], f"state of request {i}")
 
 
+@pytest.mark.parametrize("dtype,wkind", [("bf16", "same"), ("bf16", "f32"), ("bf16", "wT"), ("fp16", "same"),
+                                         ("fp32", "wT")])
+@pytest.mark.parametrize("W,bias", [(3, True), (4, False), (7, True)])
+def test_weights_converted_once_per_call_match_per_request(isa, rng, dtype, wkind, W, bias):
+    """With more requests than threads the SIMD kernels convert the weights once per
+    thread into a scratch and read them there; a one-request call converts them per
+    channel block. Both give the same bits, for contiguous, strided and fp32 weights,
+    with and without bias, D with a channel tail."""
+    B = 7
+    call = make_call(rng, dtype=dtype, W=W, D=1000 + 3, T=3, B=B, mode="spec", wkind=wkind, bias=bias)
+    x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
+    for n in (1, 2):
+        full_state = state.copy()
+        full = gdnconv.conv_update_multi(x, full_state, w, b, num_threads=n, **kw)
+        for i in range(B):
+            alone_state = state.copy()
+            one = dict(kw, conv_state_indices=kw["conv_state_indices"][i:i + 1],
+                       num_accepted_tokens=kw["num_accepted_tokens"][i:i + 1])
+            out_i = gdnconv.conv_update_multi(x[i:i + 1], alone_state, w, b, num_threads=n, **one)
+            assert_bits_equal(out_i, full[i:i + 1], f"out of request {i}, num_threads={n}")
+            s = int(kw["conv_state_indices"][i])
+            assert_bits_equal(alone_state[s], full_state[s], f"state of request {i}")
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("mode", ["plain", "spec"])
 def test_bit_identical_whatever_the_thread_count(isa, rng, dtype, mode):

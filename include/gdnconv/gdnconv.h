@@ -49,6 +49,11 @@ typedef struct gdn_params {
     const int32_t *conv_state_indices;   /* [B] or NULL: slot i for request i */
     const int32_t *num_accepted_tokens;  /* [B] or NULL: plain decode */
     const int32_t *query_start_loc;      /* [B + 1] or NULL: fixed T */
+
+    /* NULL, or room for min(num_threads, B - 1) * (W + 1) * D floats (num_threads as
+     * passed to gdn_run), the caller's for the call: where each thread may convert
+     * the weights and bias once (fp32, taps outermost; only when B > its threads) */
+    float *weight_scratch;
 } gdn_params;
 
 /* Every ISA kernel has this signature: requests [r0, r1) x channels [c0, c1). */

@@ -155,6 +155,10 @@ void gdn_kernel_avx2(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, in
     simd_kernel(p, r0, r1, c0, c1, 0);
 }
 
+void gdn_fill_avx2(const gdn_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
+    simd_fill(p, c0, c1, w, ld, b);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else

@@ -186,6 +186,11 @@ void gdn_kernel_avx512bf16(const gdn_params *p, int64_t r0, int64_t r1, int64_t 
     simd_kernel(p, r0, r1, c0, c1, 1);
 }
 
+/* avx512 and avx512bf16 both (the conversion uses no AVX512-BF16 instruction) */
+void gdn_fill_avx512(const gdn_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
+    simd_fill(p, c0, c1, w, ld, b);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else

@@ -33,12 +33,17 @@
 #define GDN_BLOCK_REQUESTS 8
 
 void gdn_kernel_scalar(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+/* A SIMD ISA's weight conversion: weights and bias of channels [c0, c1) as fp32,
+ * w[k * ld + c] and b[c] (see gdn_run). */
+typedef void (*gdn_fill_fn)(const gdn_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b);
 #ifdef GDN_HAVE_AVX2
 void gdn_kernel_avx2(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+void gdn_fill_avx2(const gdn_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b);
 #endif
 #ifdef GDN_HAVE_AVX512
 void gdn_kernel_avx512(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
 void gdn_kernel_avx512bf16(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+void gdn_fill_avx512(const gdn_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b);
 #endif
 
 /* ---- one request ---- */

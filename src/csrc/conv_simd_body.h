@@ -159,11 +159,11 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
         break;                                                                          \
     }
 
-/* Weights of a block from a contiguous (D, W) array to W fp32 tap rows, LANES
- * channels at a time: W vector loads of the channel-major block [LANES, W], then
- * per tap a lane permute (gather_taps), or the ISA's taps16 for 16-bit weights
- * with W <= 4. */
-GDN_INLINE void simd_fill_weights(const gdn_params *p, int64_t c0, int64_t nvec, float *wbuf,
+/* Weights of channels c0.. from a contiguous (D, W) array to W fp32 tap rows
+ * (w[k * ld + c]), LANES channels at a time: W vector loads of the channel-major
+ * block [LANES, W], then per tap a lane permute (gather_taps), or the ISA's taps16
+ * for 16-bit weights with W <= 4. */
+GDN_INLINE void simd_fill_weights(const gdn_params *p, int64_t c0, int64_t nvec, float *w, int64_t ld,
                                   const int wdt, const int W) {
     const int64_t e = gdn_elsize(wdt);
     for (int64_t c = 0; c < nvec; c += LANES) {
@@ -182,27 +182,49 @@ GDN_INLINE void simd_fill_weights(const gdn_params *p, int64_t c0, int64_t nvec,
             for (int k = 0; k < W; k++) t[k] = gather_taps(v, W, k);
         }
 #pragma GCC unroll 8
-        for (int k = 0; k < W; k++) vstore(wbuf + k * GDN_BLOCK_CHANNELS + c, t[k]);
+        for (int k = 0; k < W; k++) vstore(w + k * ld + c, t[k]);
     }
 }
 
 #define SIMD_FILL_WIDTHS(wdt)                                                             \
     switch (p->width) {                                                                   \
-    case 2: simd_fill_weights(p, c0, nvec, &wbuf[0][0], wdt, 2); break;                   \
-    case 3: simd_fill_weights(p, c0, nvec, &wbuf[0][0], wdt, 3); break;                   \
-    case 4: simd_fill_weights(p, c0, nvec, &wbuf[0][0], wdt, 4); break;                   \
-    case 5: simd_fill_weights(p, c0, nvec, &wbuf[0][0], wdt, 5); break;                   \
-    case 6: simd_fill_weights(p, c0, nvec, &wbuf[0][0], wdt, 6); break;                   \
-    case 7: simd_fill_weights(p, c0, nvec, &wbuf[0][0], wdt, 7); break;                   \
-    default: simd_fill_weights(p, c0, nvec, &wbuf[0][0], wdt, 8); break;                  \
+    case 2: simd_fill_weights(p, c0, nvec, w, ld, wdt, 2); break;                         \
+    case 3: simd_fill_weights(p, c0, nvec, w, ld, wdt, 3); break;                         \
+    case 4: simd_fill_weights(p, c0, nvec, w, ld, wdt, 4); break;                         \
+    case 5: simd_fill_weights(p, c0, nvec, w, ld, wdt, 5); break;                         \
+    case 6: simd_fill_weights(p, c0, nvec, w, ld, wdt, 6); break;                         \
+    case 7: simd_fill_weights(p, c0, nvec, w, ld, wdt, 7); break;                         \
+    default: simd_fill_weights(p, c0, nvec, w, ld, wdt, 8); break;                        \
     }
+
+/* Weights and bias of channels [c0, c1) as fp32, tap-major (w[k * ld + c], b[c]):
+ * whole vectors here, the rest through the scalar conversion. */
+GDN_INLINE void simd_fill(const gdn_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
+    const int64_t nvec = (c1 - c0) / LANES * LANES;
+    const int wdt = p->weight_dtype;
+    if (p->weight_stride_w == 1 && p->weight_stride_d == p->width) {
+        if (wdt == GDN_F32) SIMD_FILL_WIDTHS(GDN_F32)
+        else if (wdt == GDN_F16) SIMD_FILL_WIDTHS(GDN_F16)
+        else SIMD_FILL_WIDTHS(GDN_BF16)
+    } else {
+        gdn_fill_weights_any(p, c0, nvec, w, ld, b);
+    }
+    if (p->bias && p->bias_stride == 1) {
+        for (int64_t c = 0; c < nvec; c += LANES)
+            vstore(b + c, to_f32(ld_raw((const char *)p->bias + gdn_elsize(wdt) * (c0 + c), wdt), wdt));
+    } else {
+        gdn_fill_bias(p, c0, nvec, b);
+    }
+    if (nvec < c1 - c0) gdn_fill_weights_any(p, c0 + nvec, c1 - c0 - nvec, w + nvec, ld, b + nvec);
+}
 
 /* The kernel; bf16_native (a constant) stores bf16 with the ISA's conversion
  * instruction (dtype code GDN_BF16_NATIVE) instead of integer rounding. */
 GDN_INLINE void simd_kernel(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                             const int bf16_native) {
-    /* fp32 weights with unit channel stride (pack_weight's layout) are read in
-     * place; any other weights are converted once per unit, tap-major. */
+    /* fp32 weights with unit channel stride (pack_weight's layout, or the call's
+     * converted copy: see gdn_run) are read in place; any other weights are
+     * converted once per unit, tap-major. */
     GDN_ALIGN64 float wbuf[GDN_MAX_WIDTH][GDN_BLOCK_CHANNELS];
     GDN_ALIGN64 float bbuf[GDN_BLOCK_CHANNELS];
     const float *wrow[GDN_MAX_WIDTH];
@@ -210,23 +232,11 @@ GDN_INLINE void simd_kernel(const gdn_params *p, int64_t r0, int64_t r1, int64_t
     const int64_t nvec = (c1 - c0) / LANES * LANES;
     if (p->weight_dtype == GDN_F32 && p->weight_stride_d == 1) {
         for (int64_t k = 0; k < p->width; k++) wrow[k] = (const float *)p->weight + c0 + k * p->weight_stride_w;
+        if (p->bias && p->bias_stride == 1) brow = (const float *)p->bias + c0;
+        else gdn_fill_bias(p, c0, nvec, bbuf);
     } else {
-        if (p->weight_stride_w == 1 && p->weight_stride_d == p->width) {
-            if (p->weight_dtype == GDN_F32) SIMD_FILL_WIDTHS(GDN_F32)
-            else if (p->weight_dtype == GDN_F16) SIMD_FILL_WIDTHS(GDN_F16)
-            else SIMD_FILL_WIDTHS(GDN_BF16)
-        } else {
-            gdn_fill_weights_any(p, c0, nvec, &wbuf[0][0], GDN_BLOCK_CHANNELS, bbuf);
-        }
+        simd_fill(p, c0, c0 + nvec, &wbuf[0][0], GDN_BLOCK_CHANNELS, bbuf);
         for (int64_t k = 0; k < p->width; k++) wrow[k] = wbuf[k];
-    }
-    if (p->bias && p->bias_stride == 1 && p->weight_dtype == GDN_F32) {
-        brow = (const float *)p->bias + c0;
-    } else if (p->bias && p->bias_stride == 1) {
-        for (int64_t c = 0; c < nvec; c += LANES)
-            vstore(bbuf + c, to_f32(ld_raw((const char *)p->bias + 2 * (c0 + c), p->weight_dtype), p->weight_dtype));
-    } else {
-        gdn_fill_bias(p, c0, nvec, bbuf);
     }
     if (p->silu) {
         SIMD_UNIT_DTYPES(1)

@@ -15,6 +15,7 @@ Design:
 """
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -59,6 +60,7 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
         const int32_t *conv_state_indices
         const int32_t *num_accepted_tokens
         const int32_t *query_start_loc
+        float *weight_scratch
     ctypedef struct gdn_cpu_features:
         int sse2, avx, avx2, fma, f16c
         int avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, avx512_fp16
@@ -677,9 +679,25 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
     _fill_rows(&c.p.x, &c.p.x_stride_b, &c.p.x_stride_t, &c.p.x_stride_d, &c.xv, query_start_loc is not None)
     _fill_rows(<const void **>&c.p.out, &c.p.out_stride_b, &c.p.out_stride_t, &c.p.out_stride_d, &c.ov,
                query_start_loc is not None)
+    if c.p.batch > 1 and not (c.p.weight_dtype == GDN_F32 and c.p.weight_stride_d == 1):
+        c.p.weight_scratch = _weight_scratch(min(nthreads, c.p.batch - 1) * (c.p.width + 1) * c.p.dim)
     with nogil:
         gdn_run(&c.p, nthreads)
     return out
+
+
+_scratch = threading.local()
+
+
+cdef float *_weight_scratch(int64_t n) except NULL:
+    """This thread's scratch of at least ``n`` float32 (kept between calls, grown when
+    needed, so no call allocates it twice): a SIMD call with several requests
+    converts its weights into it once instead of once per request."""
+    buf = getattr(_scratch, "w", None)
+    if buf is None or cnp.PyArray_DIM(<cnp.ndarray>buf, 0) < n:
+        buf = np.empty(n, np.float32)
+        _scratch.w = buf
+    return <float *>cnp.PyArray_DATA(<cnp.ndarray>buf)
 
 
 cdef int _refuse_overlap(const View *r, str name, const View *state, const View *out,
