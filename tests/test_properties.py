@@ -82,17 +82,21 @@ def test_weights_converted_once_per_call_match_per_request(isa, rng, dtype, wkin
     B = 7
     call = make_call(rng, dtype=dtype, W=W, D=1000 + 3, T=3, B=B, mode="spec", wkind=wkind, bias=bias)
     x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
-    for n in (1, 2):
-        full_state = state.copy()
-        full = gdnconv.conv_update_multi(x, full_state, w, b, num_threads=n, **kw)
-        for i in range(B):
-            alone_state = state.copy()
-            one = dict(kw, conv_state_indices=kw["conv_state_indices"][i:i + 1],
-                       num_accepted_tokens=kw["num_accepted_tokens"][i:i + 1])
-            out_i = gdnconv.conv_update_multi(x[i:i + 1], alone_state, w, b, num_threads=n, **one)
-            assert_bits_equal(out_i, full[i:i + 1], f"out of request {i}, num_threads={n}")
-            s = int(kw["conv_state_indices"][i])
-            assert_bits_equal(alone_state[s], full_state[s], f"state of request {i}")
+    previous = gdnconv._core._set_parallel_min_bytes(0)   # two threads even for these small calls
+    try:
+        for n in (1, 2):
+            full_state = state.copy()
+            full = gdnconv.conv_update_multi(x, full_state, w, b, num_threads=n, **kw)
+            for i in range(B):
+                alone_state = state.copy()
+                one = dict(kw, conv_state_indices=kw["conv_state_indices"][i:i + 1],
+                           num_accepted_tokens=kw["num_accepted_tokens"][i:i + 1])
+                out_i = gdnconv.conv_update_multi(x[i:i + 1], alone_state, w, b, num_threads=n, **one)
+                assert_bits_equal(out_i, full[i:i + 1], f"out of request {i}, num_threads={n}")
+                s = int(kw["conv_state_indices"][i])
+                assert_bits_equal(alone_state[s], full_state[s], f"state of request {i}")
+    finally:
+        gdnconv._core._set_parallel_min_bytes(previous)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])

@@ -17,7 +17,8 @@ extern "C" {
 
 typedef enum { GDN_F32 = 0, GDN_F16 = 1, GDN_BF16 = 2 } gdn_dtype;
 
-/* One struct describes a whole call. Strides are in elements, not bytes.
+/* One struct describes a whole call (zero-initialise it, then fill it in). Strides
+ * are in elements, not bytes.
  * Token t of request i lives at
  *   x + i * x_stride_b + (start_i + t) * x_stride_t + d * x_stride_d
  * where start_i = query_start_loc[i] (varlen, x_stride_b = 0) or 0 (fixed T). */
