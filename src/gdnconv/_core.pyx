@@ -12,6 +12,8 @@ Design:
 - ``conv_state`` and ``out`` are never copied. ``x`` is copied only when its
   channels are not contiguous and ``out`` is not ``x`` (so the SIMD path applies).
 - The GIL is released around ``gdn_run``; threads start only inside it.
+- A call with several requests lends ``gdn_run`` a float32 scratch kept per Python
+  thread (``_weight_scratch``), where its threads convert the weights once.
 """
 import os
 import sys
