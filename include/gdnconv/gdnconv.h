@@ -51,9 +51,9 @@ typedef struct gdn_params {
     const int32_t *num_accepted_tokens;  /* [B] or NULL: plain decode */
     const int32_t *query_start_loc;      /* [B + 1] or NULL: fixed T */
 
-    /* NULL, or room for min(num_threads, B - 1) * (W + 1) * D floats (num_threads as
-     * passed to gdn_run), the caller's for the call: where each thread may convert
-     * the weights and bias once (fp32, taps outermost; only when B > its threads) */
+    /* NULL, or room for gdn_weight_scratch_floats(p, num_threads) floats, the
+     * caller's for the call: where each thread may convert the weights and bias
+     * once (fp32, taps outermost) */
     float *weight_scratch;
 } gdn_params;
 
@@ -107,6 +107,10 @@ int64_t gdn_set_parallel_min_bytes(int64_t bytes);
 /* Call in the child after fork(): a child of a process that ran a parallel
  * region then runs every call on its calling thread. */
 void gdn_after_fork_in_child(void);
+
+/* Floats of weight_scratch that gdn_run(p, num_threads) can use (p filled in but
+ * for weight_scratch); 0: it would not use any. */
+int64_t gdn_weight_scratch_floats(const gdn_params *p, int num_threads);
 
 /* Run the whole call, on up to num_threads threads. Call gdn_validate first. */
 void gdn_run(const gdn_params *p, int num_threads);

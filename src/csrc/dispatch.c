@@ -173,10 +173,40 @@ static void run_units(const gdn_params *p, gdn_kernel_fn kernel, gdn_fill_fn fil
     }
 }
 
-void gdn_run(const gdn_params *p, int num_threads) {
+/* The kernel a call runs: the active ISA's, or the portable one for channel strides
+ * other than 1. */
+static const gdn_isa_entry *call_isa(const gdn_params *p, gdn_kernel_fn *kernel) {
     const int unit_stride = p->x_stride_d == 1 && p->out_stride_d == 1 && p->state_stride_d == 1;
     const gdn_isa_entry *isa = &isa_table[active_isa];
-    const gdn_kernel_fn kernel = unit_stride ? isa->kernel : gdn_kernel_scalar;
+    *kernel = unit_stride ? isa->kernel : gdn_kernel_scalar;
+    return isa;
+}
+
+/* A SIMD unit holds one request and converts the weights of its block itself. With
+ * more requests than threads, and weights other than fp32 with unit channel stride,
+ * each thread instead converts them once into its part of the caller's scratch
+ * (fp32, taps outermost: pack_weight's layout) and reads them there (B=16, bf16, one
+ * thread: 220 -> 200 us, two: 116 -> 108 us), while a part fits 1 MiB (L2; D = 8192
+ * with W = 4 takes 160 kB). */
+#define GDN_SCRATCH_MAX_FLOATS 262144
+static int converts_weights(const gdn_params *p, const gdn_isa_entry *isa, gdn_kernel_fn kernel) {
+    return kernel != gdn_kernel_scalar && isa->fill && p->batch > 1 &&
+           (p->width + 1) * p->dim <= GDN_SCRATCH_MAX_FLOATS &&
+           !(p->weight_dtype == GDN_F32 && p->weight_stride_d == 1);
+}
+
+int64_t gdn_weight_scratch_floats(const gdn_params *p, int num_threads) {
+    gdn_kernel_fn kernel;
+    const gdn_isa_entry *isa = call_isa(p, &kernel);
+    if (!converts_weights(p, isa, kernel)) return 0;
+    /* gdn_run converts only with fewer threads than requests: at most B - 1 parts */
+    const int64_t parts = num_threads < p->batch - 1 ? num_threads : p->batch - 1;
+    return (parts > 1 ? parts : 1) * (p->width + 1) * p->dim;
+}
+
+void gdn_run(const gdn_params *p, int num_threads) {
+    gdn_kernel_fn kernel;
+    const gdn_isa_entry *isa = call_isa(p, &kernel);
     /* Requests per unit: the SIMD kernels are memory-bound at large batches and take
      * one, so a thread streams through one request's ~2T+L rows at a time, which the
      * hardware prefetchers follow (B=64, bf16: 862 against 1149 us with 8 requests
@@ -187,13 +217,7 @@ void gdn_run(const gdn_params *p, int num_threads) {
     const int64_t blocks = (p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS, units = groups * blocks;
     if (num_threads > units) num_threads = (int)units;
     if (num_threads > 1 && (forked_after_parallel || gdn_bytes_moved(p) < parallel_min_bytes)) num_threads = 1;
-    /* A SIMD unit holds one request and converts the weights of its block itself.
-     * With more requests than threads, and weights other than fp32 with unit channel
-     * stride, each thread instead converts them once into its part of the caller's
-     * scratch (fp32, taps outermost: pack_weight's layout) and reads them there
-     * (B=16, bf16, one thread: 220 -> 200 us, two: 116 -> 108 us). */
-    const int convert = kernel != gdn_kernel_scalar && isa->fill && p->weight_scratch &&
-                        p->batch > num_threads && !(p->weight_dtype == GDN_F32 && p->weight_stride_d == 1);
+    const int convert = p->weight_scratch && p->batch > num_threads && converts_weights(p, isa, kernel);
     const int64_t per_thread = (p->width + 1) * p->dim;
 #ifdef _OPENMP
     if (num_threads > 1) {

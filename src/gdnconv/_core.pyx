@@ -79,6 +79,7 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
     int64_t gdn_bytes_moved(const gdn_params *p)
     int64_t gdn_set_parallel_min_bytes(int64_t bytes)
     void gdn_after_fork_in_child()
+    int64_t gdn_weight_scratch_floats(const gdn_params *p, int num_threads)
     void gdn_run(const gdn_params *p, int num_threads)
 
 
@@ -429,13 +430,6 @@ cdef object _new_like(object x, const View *xv):
     return cnp.PyArray_EMPTY(xv.ndim, dims, cnp.PyArray_TYPE(<cnp.ndarray>x), 0)
 
 
-# A thread's converted weights (see _weight_scratch) are worth keeping while they fit
-# its L2 cache (1 MiB: D = 8192 with W = 4 takes 160 kB); larger ones are converted
-# per request and channel block as before.
-cdef enum:
-    _SCRATCH_MAX_FLOATS = 262144
-
-
 cdef class _Call:
     """One call's arguments as the kernel sees them (views, params, owners)."""
     cdef gdn_params p
@@ -688,9 +682,9 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
     _fill_rows(&c.p.x, &c.p.x_stride_b, &c.p.x_stride_t, &c.p.x_stride_d, &c.xv, query_start_loc is not None)
     _fill_rows(<const void **>&c.p.out, &c.p.out_stride_b, &c.p.out_stride_t, &c.p.out_stride_d, &c.ov,
                query_start_loc is not None)
-    if (c.p.batch > 1 and (c.p.width + 1) * c.p.dim <= _SCRATCH_MAX_FLOATS
-            and not (c.p.weight_dtype == GDN_F32 and c.p.weight_stride_d == 1)):
-        c.p.weight_scratch = _weight_scratch(min(nthreads, c.p.batch - 1) * (c.p.width + 1) * c.p.dim)
+    cdef int64_t scratch = gdn_weight_scratch_floats(&c.p, nthreads)
+    if scratch:
+        c.p.weight_scratch = _weight_scratch(scratch)
     with nogil:
         gdn_run(&c.p, nthreads)
     return out
