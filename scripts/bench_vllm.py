@@ -78,6 +78,9 @@ class Peer:
         self.wv = ops.causal_conv1d_weight_pack(self.wt)          # packed once, as vLLM does at load time
         self.wg = gdnconv.pack_weight(self.w) if weight == "packed" else self.w
         self.wgt = gdnconv.pack_weight(self.wt) if weight == "packed" else self.wt
+        # packed (float32) weights take a float32 bias; the values are the same bf16 ones
+        self.bg = self.b.astype(np.float32) if weight == "packed" and bias else self.b
+        self.bgt = _as_torch(torch, self.bg)
         self.out = np.zeros_like(self.x)
         self.outt = _as_torch(torch, np.zeros_like(self.x))
 
@@ -91,9 +94,9 @@ class Peer:
         import gdnconv
         f, act = gdnconv.conv_update_multi, "silu" if self.silu else None
         if tensors:
-            x, st, w, b, na, idx, o = self.xt, self.st, self.wgt, self.bt, self.nat, self.idxt, self.outt
+            x, st, w, b, na, idx, o = self.xt, self.st, self.wgt, self.bgt, self.nat, self.idxt, self.outt
         else:
-            x, st, w, b, na, idx, o = self.x, self.state, self.wg, self.b, self.na, self.idx, self.out
+            x, st, w, b, na, idx, o = self.x, self.state, self.wg, self.bg, self.na, self.idx, self.out
         if out:
             return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=o)
         return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
