@@ -306,7 +306,7 @@ def main(argv=None):
           "\n  copy: the faster of np.copyto / torch copy_ of SPEC's byte count; gdn/vLLM: time ratio (< 1: gdnconv "
           "faster); xcopy: time / copy time.")
     hdr = (f"  {'B':>4} {'MB':>6}  {'gdn np':>8} {'gdn torch':>9} {'gdn t,out=':>10} {'vLLM':>8} {'copy':>8}"
-           f"  {'gdn np/vLLM':>11} {'gdn t/vLLM':>10}  {'xcopy np':>8} {'xcopy t':>7} {'xcopy vLLM':>10}"
+           f"  {'gdn np/vLLM':>11} {'gdn t/vLLM':>10} {'t,out=/vLLM':>11}  {'xcopy np':>8} {'xcopy t':>7} {'xcopy vLLM':>10}"
            f"  {'GB/s gdn':>8} {'GB/s vLLM':>9} {'reps':>4} {'other%':>6}")
     print(hdr)
     rows = []
@@ -324,7 +324,8 @@ def main(argv=None):
         rows.append(r)
         print(f"  {B:>4} {r['bytes'] / 1e6:6.2f}  {r['gdn_np_us']:8.1f} {r['gdn_torch_us']:9.1f} "
               f"{r['gdn_torch_out_us']:10.1f} {r['vllm_us']:8.1f} {r['copy_us']:8.1f}  "
-              f"{r['gdn_np_us'] / r['vllm_us']:11.2f} {r['gdn_torch_us'] / r['vllm_us']:10.2f}  "
+              f"{r['gdn_np_us'] / r['vllm_us']:11.2f} {r['gdn_torch_us'] / r['vllm_us']:10.2f} "
+              f"{r['gdn_torch_out_us'] / r['vllm_us']:11.2f}  "
               f"{r['gdn_np_us'] / r['copy_us']:8.2f} {r['gdn_torch_us'] / r['copy_us']:7.2f} "
               f"{r['vllm_us'] / r['copy_us']:10.2f}  {r['bytes'] / r['gdn_np_us'] / 1e3:8.1f} "
               f"{r['bytes'] / r['vllm_us'] / 1e3:9.1f} {r['repeats']:>4} "
