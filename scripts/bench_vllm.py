@@ -17,7 +17,9 @@ silu_activation, num_accepted_tokens, conv_state_indices, pad_slot_id,
 is_weight_packed)`` on bf16 tensors: x (B, T, D), conv_states (S, D, L) -- we pass
 the transpose of gdnconv's channel-contiguous (S, L, D) state, so both libraries
 work on the same memory -- and weights packed once with
-``torch.ops._C.causal_conv1d_weight_pack``.
+``torch.ops._C.causal_conv1d_weight_pack``. gdnconv gets the plain bf16 (D, W)
+weight by default; ``--weight packed`` gives it ``gdnconv.pack_weight``'s weight
+(and a float32 bias) instead: the counterpart of vLLM's one-time packing.
 
 First the script checks that vLLM computes what gdnconv computes on the same
 inputs (outputs against the float64 reference in bf16 ulps, resulting states
@@ -270,7 +272,7 @@ def main(argv=None):
                     help="no untimed call before each sample (as gdnconv bench --cold-samples)")
     ap.add_argument("--weight", choices=("raw", "packed"), default="raw",
                     help="gdnconv's weight: raw bf16 (D, W), or gdnconv.pack_weight once (vLLM always gets its "
-                         "own packed weight)")
+                         "own packed weight; default: %(default)s)")
     ap.add_argument("--threads", type=int, help="threads for both libraries (default: all CPUs this process may use)")
     ap.add_argument("--repeats", type=int, help="interleaved repeats (default adaptive to --budget)")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds per batch size for adaptive repeats")
