@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import gdnconv
-from conftest import (as_np, assert_bits_equal, assert_out_close, bits, make_call, reference,
+from conftest import (BF16, as_np, assert_bits_equal, assert_out_close, bits, make_call, reference,
                       run_and_check, skipped_rows)
 
 torch = pytest.importorskip("torch")
@@ -220,3 +220,80 @@ def test_self_overlapping_written_tensor_refused(arg):
     with pytest.raises(ValueError, match=arg):
         gdnconv.conv_update_multi(x, state, w, activation=None, out=out)
     assert np.array_equal(bits(watched), before)
+
+
+def _small_torch_call():
+    D, W = 40, 4
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, D, generator=g).to(torch.bfloat16)
+    state = torch.randn(4, W - 2 + 2, D, generator=g).to(torch.bfloat16)
+    w = torch.randn(D, W, generator=g).to(torch.bfloat16)
+    b = torch.randn(D, generator=g).to(torch.bfloat16)
+    return x, state, w, b
+
+
+def _np(t):
+    """A bf16 tensor's memory as an ml_dtypes.bfloat16 NumPy array."""
+    return t.view(torch.int16).numpy().view(BF16)
+
+
+def test_torch_tensors_read_through_dlpack(monkeypatch):
+    """Plain CPU tensors are read through one DLPack export each, not through data_ptr()
+    and stride(), and give what the same memory as NumPy arrays gives."""
+    x, state, w, b = _small_torch_call()
+    kw = dict(num_accepted_tokens=np.array([1, 2, 1], np.int32), conv_state_indices=np.array([3, 0, 2], np.int32))
+    want_state = state.clone()
+    want = gdnconv.conv_update_multi(_np(x), _np(want_state), _np(w), _np(b), **kw)
+    out = torch.empty_like(x)
+    def refused(self, *a, **k):
+        raise AssertionError("a tensor was read through its attributes")
+    monkeypatch.setattr(torch.Tensor, "data_ptr", refused)
+    monkeypatch.setattr(torch.Tensor, "stride", refused)
+    got = gdnconv.conv_update_multi(x, state, w, b, out=out, **{k: torch.from_numpy(v) for k, v in kw.items()})
+    assert got is out
+    assert np.array_equal(bits(got), bits(want))
+    assert np.array_equal(bits(state), bits(want_state))
+
+
+def test_torch_inputs_that_require_grad_are_read():
+    """torch refuses to export a tensor that requires grad through DLPack; such a read-only
+    input (x, weight, bias) is read through its attributes instead, with the same result."""
+    x, state, w, b = _small_torch_call()
+    want_state = state.clone()
+    want = gdnconv.conv_update_multi(x, want_state, w, b)
+    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+    got = gdnconv.conv_update_multi(xg, state, wg, bg)
+    assert np.array_equal(bits(got), bits(want))
+    assert np.array_equal(bits(state), bits(want_state))
+
+
+def test_torch_negated_views():
+    """A tensor with torch's pending negation bit: an index tensor counts as the values torch
+    shows (here 0 and -1, the pad slot), not as its memory (0 and 1); a float tensor is
+    refused, naming it, with nothing written."""
+    neg_view = getattr(torch, "_neg_view", None)
+    if neg_view is None:
+        pytest.skip("this torch has no torch._neg_view")
+    x, state, w, b = _small_torch_call()
+    x, want_state = x[:2], state.clone()
+    want = gdnconv.conv_update_multi(x, want_state, w, b, conv_state_indices=np.array([0, -1], np.int32))
+    idx = neg_view(torch.tensor([0, 1], dtype=torch.int32))
+    assert idx.is_neg() and idx.tolist() == [0, -1]
+    got = gdnconv.conv_update_multi(x, state, w, b, conv_state_indices=idx)
+    assert np.array_equal(bits(got), bits(want))
+    assert np.array_equal(bits(state), bits(want_state))
+    before = bits(state)
+    with pytest.raises(ValueError, match="x has a pending negation bit"):
+        gdnconv.conv_update_multi(neg_view(x), state, w, b)
+    assert np.array_equal(bits(state), before)
+
+
+def test_torch_tensor_off_the_cpu_refused():
+    x, state, w, b = _small_torch_call()
+    before = bits(state)
+    with pytest.raises(ValueError, match="x must be a CPU tensor, got device meta"):
+        gdnconv.conv_update_multi(x.to("meta"), state, w, b)
+    meta_idx = torch.tensor([0, 1, 2], dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="conv_state_indices must be a CPU tensor, got device meta"):
+        gdnconv.conv_update_multi(x, state, w, b, conv_state_indices=meta_idx)
+    assert np.array_equal(bits(state), before)

@@ -3,10 +3,12 @@
 
 Design:
 - Arrays are read as (pointer, shape, byte strides, dtype code) through the NumPy C
-  API, or through ``data_ptr()``/``stride()`` for torch tensors: NumPy cannot export
-  ml_dtypes.bfloat16 through the buffer protocol and torch has none, so typed
-  memoryviews are not used. torch is never imported here; a tensor is recognised
-  only when the caller has imported torch already.
+  API, or for torch tensors through one ``torch.utils.dlpack.to_dlpack`` export
+  (``data_ptr()``/``stride()`` where torch refuses it, as for a tensor that
+  requires grad): NumPy cannot export ml_dtypes.bfloat16 through the buffer
+  protocol and torch has none, so typed memoryviews are not used. torch is never
+  imported here; a tensor is recognised only when the caller has imported torch
+  already.
 - Every check of the error list runs before ``gdn_run``; the index arrays are
   checked in C (``gdn_validate``) in one pass. Nothing is written before that.
 - ``conv_state`` and ``out`` are never copied. ``x`` is copied only when its
@@ -22,13 +24,46 @@ import threading
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, uintptr_t
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 
 cnp.import_array()
 
 cdef extern from "numpy/ndarraytypes.h":
     enum:
         NPY_USERDEF
+
+cdef extern from *:
+    """
+    /* DLPack's DLTensor (dlpack.h; this layout is stable since DLPack 0.2): the head
+     * of the DLManagedTensor that a "dltensor" capsule holds. */
+    typedef struct { int32_t device_type; int32_t device_id; } gdn_dl_device;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } gdn_dl_dtype;
+    typedef struct {
+        void *data; gdn_dl_device device; int32_t ndim; gdn_dl_dtype dtype;
+        int64_t *shape; int64_t *strides; uint64_t byte_offset;
+    } gdn_dl_tensor;
+    """
+    ctypedef struct gdn_dl_device:
+        int32_t device_type
+    ctypedef struct gdn_dl_dtype:
+        uint8_t code
+        uint8_t bits
+        uint16_t lanes
+    ctypedef struct gdn_dl_tensor:
+        void *data
+        gdn_dl_device device
+        int32_t ndim
+        gdn_dl_dtype dtype
+        int64_t *shape
+        int64_t *strides
+        uint64_t byte_offset
+
+cdef enum:
+    DL_INT = 0       # DLPack type codes and device
+    DL_FLOAT = 2
+    DL_BFLOAT = 4
+    DL_CPU = 1
 
 cdef extern from "gdnconv/gdnconv.h" nogil:
     enum:
@@ -101,17 +136,38 @@ cdef struct View:
 cdef int _bf16_typenum = -1
 cdef object _torch = None          # the torch module, once a tensor has been seen
 cdef dict _torch_dtypes = {}       # torch dtype -> gdn dtype code
+cdef object _to_dlpack = None      # torch.utils.dlpack.to_dlpack
 
 
 cdef inline bint _is_tensor(object a):
-    global _torch
+    global _torch, _to_dlpack
     if _torch is None:
         mod = sys.modules.get("torch")
         if mod is None:
             return False
         _torch = mod
         _torch_dtypes.update({mod.float32: GDN_F32, mod.float16: GDN_F16, mod.bfloat16: GDN_BF16})
+        _to_dlpack = getattr(getattr(getattr(mod, "utils", None), "dlpack", None), "to_dlpack", None)
     return isinstance(a, _torch.Tensor)
+
+
+cdef object _dl_export(object a, gdn_dl_tensor **t):
+    """A CPU tensor's DLPack capsule, *t pointing into it (valid while the capsule
+    lives), read with one call where attributes take six (~0.2 us less per tensor);
+    None where torch refuses the export (a tensor that requires grad), gives another
+    kind of capsule, or the tensor is not on the CPU: the attributes decide then."""
+    if _to_dlpack is None:
+        return None
+    try:
+        cap = _to_dlpack(a)
+    except Exception:
+        return None
+    if not PyCapsule_IsValid(cap, "dltensor"):
+        return None
+    t[0] = <gdn_dl_tensor *>PyCapsule_GetPointer(cap, "dltensor")
+    if t[0].device.device_type != DL_CPU or t[0].dtype.lanes != 1:
+        return None
+    return cap
 
 
 cdef int _numpy_dtype_code(cnp.ndarray a):
@@ -140,6 +196,7 @@ cdef int _view(object a, View *v, str name) except -1:
     cdef cnp.ndarray arr
     cdef int i
     cdef int64_t size
+    cdef gdn_dl_tensor *t
     if cnp.PyArray_Check(a):
         arr = <cnp.ndarray>a
         if not cnp.PyArray_ISNOTSWAPPED(arr):
@@ -160,23 +217,37 @@ cdef int _view(object a, View *v, str name) except -1:
                                  f"its item size {v.itemsize}")
             v.strides[i] = cnp.PyArray_STRIDES(arr)[i] // v.itemsize
     elif _is_tensor(a):
-        if not a.is_cpu:
-            raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
-        if a.is_neg():  # (the conjugate bit exists only for complex dtypes, refused below)
+        cap = _dl_export(a, &t)
+        if cap is not None and t.ndim <= 3:
+            v.ndim = t.ndim
+            v.ptr = <char *>t.data + t.byte_offset
+            v.itemsize = t.dtype.bits // 8 if t.dtype.bits >= 8 else 1
+            v.dtype = (GDN_BF16 if t.dtype.code == DL_BFLOAT and t.dtype.bits == 16 else
+                       (GDN_F32 if t.dtype.bits == 32 else GDN_F16 if t.dtype.bits == 16 else KIND_OTHER)
+                       if t.dtype.code == DL_FLOAT else KIND_OTHER)
+            size = 1
+            for i in range(v.ndim - 1, -1, -1):
+                v.shape[i] = t.shape[i]
+                v.strides[i] = t.strides[i] if t.strides != NULL else size
+                size *= t.shape[i]
+        else:
+            if not a.is_cpu:
+                raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
+            shape = a.shape
+            v.ndim = len(shape)
+            if v.ndim > 3:
+                raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(shape)}")
+            v.ptr = <char *><uintptr_t>a.data_ptr()
+            v.dtype = _torch_dtypes.get(a.dtype, KIND_OTHER)
+            v.itemsize = 4 if v.dtype == GDN_F32 else 2 if v.dtype != KIND_OTHER else a.element_size()
+            strides = a.stride()
+            for i in range(v.ndim):
+                v.shape[i] = shape[i]
+                v.strides[i] = strides[i]
+        if a.is_neg():  # (the conjugate bit exists only for complex dtypes, refused later)
             raise ValueError(f"{name} has a pending negation bit; call .resolve_neg() first")
-        shape = a.shape
-        v.ndim = len(shape)
-        if v.ndim > 3:
-            raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(shape)}")
-        v.ptr = <char *><uintptr_t>a.data_ptr()
-        v.dtype = _torch_dtypes.get(a.dtype, KIND_OTHER)
-        v.itemsize = 4 if v.dtype == GDN_F32 else 2 if v.dtype != KIND_OTHER else a.element_size()
         v.writeable = True
         v.torch = True
-        strides = a.stride()
-        for i in range(v.ndim):
-            v.shape[i] = shape[i]
-            v.strides[i] = strides[i]
     else:
         raise TypeError(f"{name} must be a numpy.ndarray or a torch.Tensor, got {type(a).__name__}")
     size = 1
@@ -275,11 +346,14 @@ cdef bint _same_view(const View *a, const View *b):
 cdef object _index_array(object a, str name, int64_t n, View *v):
     """(n,) int32 view of an index argument; returns the object that owns the memory."""
     cdef uintptr_t ptr
+    cdef gdn_dl_tensor *t
     if _is_tensor(a):
-        if not a.is_cpu:
-            raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
-        if a.dtype is _torch.int32 and a.dim() == 1 and a.shape[0] == n and (n <= 1 or a.stride()[0] == 1):
-            ptr = <uintptr_t>a.data_ptr()   # the common case read in place (.numpy() costs ~0.7 us)
+        if a.is_neg():   # torch's values are the negated memory
+            a = a.resolve_neg()
+        cap = _dl_export(a, &t)
+        if (cap is not None and t.ndim == 1 and t.dtype.code == DL_INT and t.dtype.bits == 32 and
+                t.shape[0] == n and (n <= 1 or t.strides == NULL or t.strides[0] == 1)):
+            ptr = <uintptr_t>t.data + t.byte_offset   # the common case read in place (.numpy() costs ~0.7 us)
             if ptr % 4 == 0:
                 v.ptr = <char *>ptr
                 v.ndim = 1
@@ -287,6 +361,8 @@ cdef object _index_array(object a, str name, int64_t n, View *v):
                 v.strides[0] = 1
                 v.itemsize = 4
                 return a
+        if not a.is_cpu:
+            raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
         a = a.numpy()
     elif not cnp.PyArray_Check(a):
         a = np.asarray(a)
@@ -419,12 +495,22 @@ cdef int _dtype_of(const View *v, object a, str name) except -1:
     return v.dtype
 
 
+cdef bint _c_contiguous(const View *v):
+    cdef int64_t expect = 1
+    cdef int i
+    for i in range(v.ndim - 1, -1, -1):
+        if v.shape[i] != 1 and v.strides[i] != expect:
+            return False
+        expect *= v.shape[i]
+    return True
+
+
 cdef object _new_like(object x, const View *xv):
     """A C-contiguous array or tensor of x's shape and dtype (uninitialised)."""
     cdef cnp.npy_intp dims[3]
     cdef int i
-    if xv.torch:
-        return _torch.empty(tuple(x.shape), dtype=x.dtype)
+    if xv.torch:   # empty_like keeps x's strides: ~0.9 us cheaper than empty(shape)
+        return _torch.empty_like(x) if _c_contiguous(xv) else _torch.empty(tuple(x.shape), dtype=x.dtype)
     for i in range(xv.ndim):
         dims[i] = xv.shape[i]
     return cnp.PyArray_EMPTY(xv.ndim, dims, cnp.PyArray_TYPE(<cnp.ndarray>x), 0)
