@@ -1,4 +1,6 @@
 """torch CPU tensors: zero-copy in, state updated in place, results equal to the NumPy path."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -296,4 +298,56 @@ def test_torch_tensor_off_the_cpu_refused():
     meta_idx = torch.tensor([0, 1, 2], dtype=torch.int32, device="meta")
     with pytest.raises(ValueError, match="conv_state_indices must be a CPU tensor, got device meta"):
         gdnconv.conv_update_multi(x, state, w, b, conv_state_indices=meta_idx)
+    assert np.array_equal(bits(state), before)
+
+
+def _zero_tensor(shape, dtype=torch.float32):
+    make = getattr(torch, "_efficientzerotensor", None)
+    if make is None:
+        pytest.skip("this torch has no torch._efficientzerotensor")
+    return make(shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("case", ["zero-x", "zero-weight", "zero-state", "sparse-x", "nested-x", "zero-indices",
+                                  "negated-duplicate-indices", "float-indices-requiring-grad",
+                                  "bf16-indices", "sparse-indices"])
+def test_torch_odd_tensors_refused_cleanly(case):
+    """Tensors without ordinary memory, and index tensors of the wrong kind, get gdnconv's
+    error naming the argument (not torch's, and no crash: a zero tensor reports a null
+    data pointer), with nothing written. A zero index tensor counts as its zeros."""
+    x, state, w = torch.randn(3, 3, 64), torch.randn(6, 5, 64), torch.randn(64, 4)
+    args, kw = [x, state, w], {}
+    if case == "zero-x":
+        args[0], err, match = _zero_tensor((3, 3, 64)), ValueError, "x has 576 elements but no memory"
+    elif case == "zero-weight":
+        args[2], err, match = _zero_tensor((64, 4)), ValueError, "weight has 256 elements but no memory"
+    elif case == "zero-state":
+        args[1], err, match = _zero_tensor((6, 5, 64)), ValueError, "conv_state has 1920 elements but no memory"
+    elif case == "sparse-x":
+        args[0], err, match = x.to_sparse(), TypeError, "x must be a dense tensor, got a sparse_coo tensor"
+    elif case == "nested-x":
+        with warnings.catch_warnings():   # "the nested tensor API is in prototype stage"
+            warnings.simplefilter("ignore")
+            args[0] = torch.nested.nested_tensor([x[0], x[1]])
+        err, match = TypeError, "x must be a dense tensor, got a nested tensor"
+    elif case == "zero-indices":
+        kw["conv_state_indices"] = _zero_tensor((3,), torch.int32)
+        err, match = ValueError, r"conv_state_indices\[1\] = 0 repeats the slot of request 0"
+    elif case == "negated-duplicate-indices":
+        if not hasattr(torch, "_neg_view"):
+            pytest.skip("this torch has no torch._neg_view")
+        kw["conv_state_indices"] = torch._neg_view(torch.tensor([-1, -1, -2], dtype=torch.int32))
+        err, match = ValueError, r"conv_state_indices\[1\] = 1 repeats the slot of request 0"
+    elif case == "float-indices-requiring-grad":
+        kw["conv_state_indices"] = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+        err, match = TypeError, r"conv_state_indices must be an integer array \(int32\), got dtype float32"
+    elif case == "bf16-indices":
+        kw["num_accepted_tokens"] = torch.tensor([1, 1, 1], dtype=torch.bfloat16)
+        err, match = TypeError, r"num_accepted_tokens must be an integer array \(int32\), got dtype bfloat16"
+    else:
+        kw["conv_state_indices"] = torch.tensor([0, 1, 2], dtype=torch.int32).to_sparse()
+        err, match = TypeError, "conv_state_indices must be a dense integer tensor .* sparse_coo tensor"
+    before = bits(state)
+    with pytest.raises(err, match=match):
+        gdnconv.conv_update_multi(*args, **kw)
     assert np.array_equal(bits(state), before)

@@ -185,6 +185,10 @@ cdef int _numpy_dtype_code(cnp.ndarray a):
     return KIND_OTHER
 
 
+cdef str _layout_name(object a):
+    return "nested" if getattr(a, "is_nested", False) else str(a.layout).replace("torch.", "")
+
+
 cdef str _dtype_name(object a):
     if _is_tensor(a):
         return str(a.dtype).replace("torch.", "")
@@ -233,6 +237,8 @@ cdef int _view(object a, View *v, str name) except -1:
         else:
             if not a.is_cpu:
                 raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
+            if a.layout is not _torch.strided or getattr(a, "is_nested", False):
+                raise TypeError(f"{name} must be a dense tensor, got a {_layout_name(a)} tensor")
             shape = a.shape
             v.ndim = len(shape)
             if v.ndim > 3:
@@ -253,6 +259,9 @@ cdef int _view(object a, View *v, str name) except -1:
     size = 1
     for i in range(v.ndim):
         size *= v.shape[i]
+    if size and v.ptr == NULL:
+        raise ValueError(f"{name} has {size} elements but no memory (a zero or fake tensor?): "
+                         f"pass a materialised tensor such as {name}.clone()")
     if size and (<uintptr_t>v.ptr) % v.itemsize:
         raise ValueError(f"{name} data is not aligned to its item size {v.itemsize}")
     return 0
@@ -354,7 +363,7 @@ cdef object _index_array(object a, str name, int64_t n, View *v):
         if (cap is not None and t.ndim == 1 and t.dtype.code == DL_INT and t.dtype.bits == 32 and
                 t.shape[0] == n and (n <= 1 or t.strides == NULL or t.strides[0] == 1)):
             ptr = <uintptr_t>t.data + t.byte_offset   # the common case read in place (.numpy() costs ~0.7 us)
-            if ptr % 4 == 0:
+            if ptr % 4 == 0 and (ptr != 0 or n == 0):
                 v.ptr = <char *>ptr
                 v.ndim = 1
                 v.shape[0] = n
@@ -363,7 +372,11 @@ cdef object _index_array(object a, str name, int64_t n, View *v):
                 return a
         if not a.is_cpu:
             raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
-        a = a.numpy()
+        if a.layout is not _torch.strided or getattr(a, "is_nested", False):
+            raise TypeError(f"{name} must be a dense integer tensor (int32), got a {_layout_name(a)} tensor")
+        if a.dtype.is_floating_point or a.dtype.is_complex or a.dtype is _torch.bool:
+            raise TypeError(f"{name} must be an integer array (int32), got dtype {_dtype_name(a)}")
+        a = a.numpy(force=True)   # (force: a zero tensor has no memory to share)
     elif not cnp.PyArray_Check(a):
         a = np.asarray(a)
     cdef cnp.ndarray arr = <cnp.ndarray>a
@@ -683,7 +696,7 @@ cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted
 
     rc = gdn_validate(&c.p, N, &bad_i, &bad_v)
     if rc != GDN_OK:
-        _raise_index_error(rc, bad_i, bad_v, &c.p, N, conv_state_indices)
+        _raise_index_error(rc, bad_i, bad_v, &c.p, N)
 
     c.out_is_x = out_is_x
     return 0
@@ -837,14 +850,15 @@ cdef void _fill_rows(const void **ptr, int64_t *sb, int64_t *st, int64_t *sd, co
         sd[0] = v.strides[1]
 
 
-cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_params *p, int64_t N,
-                            object conv_state_indices) except -1:
+cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_params *p, int64_t N) except -1:
     W, L = p.width, p.state_len
     if rc == GDN_ERR_SLOT_RANGE:
         raise ValueError(f"conv_state_indices[{i}] = {v} is out of range: slots are 0..{p.num_slots - 1} "
                          f"(conv_state.shape[0] = {p.num_slots}) or pad_slot_id = {p.pad_slot_id}")
     if rc == GDN_ERR_SLOT_DUPLICATE:
-        first = [int(s) for s in np.asarray(conv_state_indices)[:i]].index(v)
+        first = 0
+        while p.conv_state_indices[first] != v:
+            first += 1
         raise ValueError(f"conv_state_indices[{i}] = {v} repeats the slot of request {first}: "
                          f"two requests cannot update one slot")
     if rc == GDN_ERR_ACCEPTED_RANGE:
