@@ -153,7 +153,8 @@ cdef inline bint _is_tensor(object a):
 
 cdef object _dl_export(object a, gdn_dl_tensor **t):
     """A CPU tensor's DLPack capsule, *t pointing into it (valid while the capsule
-    lives), read with one call where attributes take six (~0.2 us less per tensor);
+    lives), read with one call where attributes take six (a call with six tensor
+    arguments measured 3.90 -> 3.38 us);
     None where torch refuses the export (a tensor that requires grad), gives another
     kind of capsule, or the tensor is not on the CPU: the attributes decide then."""
     if _to_dlpack is None:
@@ -352,6 +353,16 @@ cdef bint _same_view(const View *a, const View *b):
     return True
 
 
+cdef object _int32_view(object owner, char *ptr, int64_t n, View *v):
+    """v = the (n,) contiguous int32 array at ptr; returns its owner."""
+    v.ptr = ptr
+    v.ndim = 1
+    v.shape[0] = n
+    v.strides[0] = 1
+    v.itemsize = 4
+    return owner
+
+
 cdef object _index_array(object a, str name, int64_t n, View *v):
     """(n,) int32 view of an index argument; returns the object that owns the memory."""
     cdef uintptr_t ptr
@@ -364,12 +375,7 @@ cdef object _index_array(object a, str name, int64_t n, View *v):
                 t.shape[0] == n and (n <= 1 or t.strides == NULL or t.strides[0] == 1)):
             ptr = <uintptr_t>t.data + t.byte_offset   # the common case read in place (.numpy() costs ~0.7 us)
             if ptr % 4 == 0 and (ptr != 0 or n == 0):
-                v.ptr = <char *>ptr
-                v.ndim = 1
-                v.shape[0] = n
-                v.strides[0] = 1
-                v.itemsize = 4
-                return a
+                return _int32_view(a, <char *>ptr, n, v)
         if not a.is_cpu:
             raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
         if a.layout is not _torch.strided or getattr(a, "is_nested", False):
@@ -388,12 +394,7 @@ cdef object _index_array(object a, str name, int64_t n, View *v):
         if n and (a.min() < -2**31 or a.max() >= 2**31):
             raise ValueError(f"{name} has values outside the int32 range: min {a.min()}, max {a.max()}")
         arr = np.ascontiguousarray(a, dtype=np.int32)
-    v.ptr = <char *>cnp.PyArray_DATA(arr)
-    v.ndim = 1
-    v.shape[0] = n
-    v.strides[0] = 1
-    v.itemsize = 4
-    return arr
+    return _int32_view(arr, <char *>cnp.PyArray_DATA(arr), n, v)
 
 
 # ------------------------------------------------------------- thread setting
