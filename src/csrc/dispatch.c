@@ -120,13 +120,11 @@ int64_t gdn_set_parallel_min_bytes(int64_t bytes) {
     return previous;
 }
 
-/* Request groups [g0, g1) x channel blocks [b0, b1) in one kernel call (a SIMD kernel
- * overlaps one block's copies with the previous block's arithmetic), then zeros for
- * the out rows of pad-slot requests there when asked. */
-static void run_span(const gdn_params *p, gdn_kernel_fn kernel, int64_t g0, int64_t g1, int64_t b0, int64_t b1,
-                     int64_t per_unit) {
-    const int64_t c0 = b0 * GDN_BLOCK_CHANNELS, c1 = b1 * GDN_BLOCK_CHANNELS < p->dim ? b1 * GDN_BLOCK_CHANNELS : p->dim;
-    const int64_t r0 = g0 * per_unit, r1 = g1 * per_unit < p->batch ? g1 * per_unit : p->batch;
+static void run_unit(const gdn_params *p, gdn_kernel_fn kernel, int64_t u, int64_t blocks, int64_t per_unit) {
+    /* request-major: a thread's consecutive units continue the same rows */
+    const int64_t c0 = (u % blocks) * GDN_BLOCK_CHANNELS, r0 = (u / blocks) * per_unit;
+    const int64_t c1 = c0 + GDN_BLOCK_CHANNELS < p->dim ? c0 + GDN_BLOCK_CHANNELS : p->dim;
+    const int64_t r1 = r0 + per_unit < p->batch ? r0 + per_unit : p->batch;
     kernel(p, r0, r1, c0, c1);
     if (!p->zero_skipped) return;
     const int e = gdn_elsize(p->dtype);
@@ -149,11 +147,10 @@ void gdn_after_fork_in_child(void) {
     if (parallel_used) forked_after_parallel = 1;
 }
 
-/* Units [u0, u1) on one thread (unit u: request group u / blocks, channel block
- * u % blocks), as at most three kernel calls: the rest of a first group's blocks,
- * whole groups, the start of a last group. With a scratch (the thread's own
- * (W + 1) * D floats, see gdn_run) the weights and bias of the blocks the range
- * visits are first converted into it, and the kernel reads them there in place. */
+/* Units [u0, u1) on one thread. With a scratch (the thread's own (W + 1) * D
+ * floats, see gdn_run) the weights and bias are converted into it, one block at the
+ * unit that first needs it (the range is contiguous, so its first units visit every
+ * block of it once), and every unit reads them there in place. */
 static void run_units(const gdn_params *p, gdn_kernel_fn kernel, gdn_fill_fn fill, float *scratch,
                       int64_t u0, int64_t u1, int64_t blocks, int64_t per_unit) {
     gdn_params q;
@@ -165,24 +162,14 @@ static void run_units(const gdn_params *p, gdn_kernel_fn kernel, gdn_fill_fn fil
         q.weight_dtype = GDN_F32;
         q.bias = p->bias ? scratch + p->width * p->dim : NULL;
         q.bias_stride = 1;
-        for (int64_t u = u0; u < u1 && u - u0 < blocks; u++) {
+    }
+    for (int64_t u = u0; u < u1; u++) {
+        if (scratch && u - u0 < blocks) {
             const int64_t c0 = (u % blocks) * GDN_BLOCK_CHANNELS;
             const int64_t c1 = c0 + GDN_BLOCK_CHANNELS < p->dim ? c0 + GDN_BLOCK_CHANNELS : p->dim;
             fill(p, c0, c1, scratch + c0, p->dim, scratch + p->width * p->dim + c0);
         }
-        p = &q;
-    }
-    while (u0 < u1) {
-        const int64_t g = u0 / blocks, b0 = u0 % blocks;
-        if (b0 == 0 && u1 - u0 >= blocks) {
-            const int64_t g1 = g + (u1 - u0) / blocks;
-            run_span(p, kernel, g, g1, 0, blocks, per_unit);
-            u0 = g1 * blocks;
-        } else {
-            const int64_t b1 = u1 - g * blocks < blocks ? u1 - g * blocks : blocks;
-            run_span(p, kernel, g, g + 1, b0, b1, per_unit);
-            u0 = g * blocks + b1;
-        }
+        run_unit(scratch ? &q : p, kernel, u, blocks, per_unit);
     }
 }
 
