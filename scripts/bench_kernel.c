@@ -44,7 +44,10 @@ int main(int argc, char **argv) {
     }
     const int raw = argc > 6 && strcmp(argv[6], "raw") == 0;
     const int perm = argc > 7 && strcmp(argv[7], "perm") == 0;
-    if (B < 1 || D < 1 || threads < 1) return 2;
+    if (B < 1 || D < 1 || threads < 1) {
+        fprintf(stderr, "B, D and threads must be positive\n");
+        return 2;
+    }
 
     uint16_t *x = malloc(B * T * D * 2), *out = malloc(B * T * D * 2), *st = malloc(B * L * D * 2);
     uint16_t *wraw = malloc(D * W * 2);
