@@ -351,3 +351,38 @@ def test_torch_odd_tensors_refused_cleanly(case):
     with pytest.raises(err, match=match):
         gdnconv.conv_update_multi(*args, **kw)
     assert np.array_equal(bits(state), before)
+
+
+LATE_IMPORT = """
+import sys
+import numpy as np
+import gdnconv
+rng = np.random.default_rng(0)
+x = rng.standard_normal((2, 4, 64)).astype(np.float32)
+w = rng.standard_normal((64, 4)).astype(np.float32)
+nat = np.array([1, 2], np.int32)
+st_np = rng.standard_normal((2, 6, 64)).astype(np.float32)
+st_t0 = st_np.copy()
+out_np = gdnconv.conv_update_multi(x, st_np, w, None, num_accepted_tokens=[1, 2])   # a list: looks for torch
+assert "torch" not in sys.modules
+import torch
+st_t = torch.from_numpy(st_t0)
+out_t = gdnconv.conv_update_multi(torch.from_numpy(x), st_t, torch.from_numpy(w), None,
+                                  num_accepted_tokens=torch.from_numpy(nat))
+assert isinstance(out_t, torch.Tensor), type(out_t)
+assert np.array_equal(out_t.numpy(), out_np) and np.array_equal(st_t.numpy(), st_np)
+print("ok")
+"""
+
+
+def test_tensors_recognised_when_torch_is_imported_after_numpy_calls():
+    """gdnconv caches torch.Tensor when it first finds torch imported: calls from
+    NumPy before the import must not stop tensors from being recognised after it."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", "")] + sys.path if p)
+    r = subprocess.run([sys.executable, "-c", LATE_IMPORT], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
