@@ -4,8 +4,11 @@
 - the tolerance of SPEC "Numerics" against the float64 reference;
 - a builder of random calls (shapes, modes, layouts, pads) and a runner that checks
   one call against ``gdnconv.reference.conv_update_multi_ref``;
-- the ``isa`` fixture, parametrized over every compiled kernel.
+- the ``isa`` fixture, parametrized over every compiled kernel;
+- ``run_python``, a fresh interpreter for what must start from a clean import.
 """
+import os
+import subprocess
 import sys
 
 import ml_dtypes
@@ -25,6 +28,14 @@ SUBNORMAL_MIN = {F32: 2.0 ** -149, F16: 2.0 ** -24, BF16: 2.0 ** -133}
 # fp32 accumulation noise per unit of sum |w_k * window_k| (plus |bias|)
 NOISE = 8 * 2.0 ** -24
 SILU_NOISE_FACTOR = 1.1
+
+
+def run_python(code, **env):
+    """Run code in a fresh interpreter that imports this gdnconv, with env added to the
+    environment; returns the CompletedProcess (text output captured)."""
+    full = dict(os.environ, **env)
+    full["PYTHONPATH"] = os.pathsep.join(p for p in [full.get("PYTHONPATH", "")] + sys.path if p)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
 
 
 # ----------------------------------------------------------------- arrays

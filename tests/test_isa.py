@@ -1,7 +1,5 @@
 """Kernel selection, CPU feature detection, channel tails, and agreement between ISAs."""
-import os
 import platform
-import subprocess
 import sys
 
 import numpy as np
@@ -9,13 +7,10 @@ import pytest
 
 import gdnconv
 from conftest import (BF16, DTYPES, allowed_error, assert_bits_equal, f64, make_call, reference,
-                      run_and_check, skipped_rows)
+                      run_and_check, run_python, skipped_rows)
 
 def _run_python(code, isa_env):
-    env = dict(os.environ)
-    env["GDNCONV_ISA"] = isa_env
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", "")] + sys.path if p)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return run_python(code, GDNCONV_ISA=isa_env)
 
 
 CALL_SNIPPET = """

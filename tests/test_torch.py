@@ -6,7 +6,7 @@ import pytest
 
 import gdnconv
 from conftest import (BF16, as_np, assert_bits_equal, assert_out_close, bits, make_call, reference,
-                      run_and_check, skipped_rows)
+                      run_and_check, run_python, skipped_rows)
 
 torch = pytest.importorskip("torch")
 
@@ -378,11 +378,5 @@ print("ok")
 def test_tensors_recognised_when_torch_is_imported_after_numpy_calls():
     """gdnconv caches torch.Tensor when it first finds torch imported: calls from
     NumPy before the import must not stop tensors from being recognised after it."""
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", "")] + sys.path if p)
-    r = subprocess.run([sys.executable, "-c", LATE_IMPORT], env=env, capture_output=True, text=True,
-                       timeout=120)
+    r = run_python(LATE_IMPORT)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
