@@ -16,7 +16,9 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SOURCES = ["src/gdnconv/_core.pyx"] + [
-    f"src/csrc/{name}.c" for name in ("cpu_features", "dispatch", "conv_scalar", "conv_avx2", "conv_avx512")
+    f"src/csrc/{name}.c"
+    for name in ("cpu_features", "cpu_x86", "cpu_aarch64", "isa", "threads", "update", "update_scalar",
+                 "update_avx2", "update_avx512", "update_avx512bf16")
 ]
 
 

@@ -86,7 +86,7 @@ def test_available_isas_follow_cpu_features():
     f = gdnconv.cpu_features()
     expected = set(f) == {"sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
                           "avx512dq", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
-                          "amx_int8", "os_avx", "os_avx512", "os_amx"}
+                          "amx_int8", "os_avx", "os_avx512", "os_amx", "asimd", "sve"}
     assert expected, sorted(f)
     assert all(isinstance(v, bool) for v in f.values())
     available = gdnconv.available_isas()

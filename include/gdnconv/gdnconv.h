@@ -1,7 +1,9 @@
-/* gdnconv public C interface: the params struct, kernel signature and dispatcher.
+/* gdnconv public C interface: dtypes, status codes, CPU features, ISA selection and
+ * the ops (one params struct and one set of calls per op).
  *
  * ref: vLLM causal_conv1d_update (vllm/model_executor/layers/mamba/ops/causal_conv1d.py)
- * for the semantics; ../shared/SPEC.md for the exact contract.
+ * for the update's semantics; the package's README and gdnconv.reference for the
+ * exact contract.
  */
 #ifndef GDNCONV_GDNCONV_H
 #define GDNCONV_GDNCONV_H
@@ -17,12 +19,54 @@ extern "C" {
 
 typedef enum { GDN_F32 = 0, GDN_F16 = 1, GDN_BF16 = 2 } gdn_dtype;
 
-/* One struct describes a whole call (zero-initialise it, then fill it in). Strides
- * are in elements, not bytes.
- * Token t of request i lives at
+/* Status of a validation: GDN_OK, or what is wrong (with the offending index and
+ * value reported beside it). */
+enum {
+    GDN_OK = 0,
+    GDN_ERR_SLOT_RANGE = 1,
+    GDN_ERR_SLOT_DUPLICATE = 2,
+    GDN_ERR_ACCEPTED_RANGE = 3,
+    GDN_ERR_SPEC_TOKENS = 4,
+    GDN_ERR_QSL_START = 5,
+    GDN_ERR_QSL_ORDER = 6,
+    GDN_ERR_QSL_END = 7,
+    GDN_ERR_NO_MEMORY = 8
+};
+
+/* ---- CPU features (cpu_features.c): what the CPU has and the OS enables ---- */
+typedef enum {
+    GDN_FEATURE_SSE2, GDN_FEATURE_AVX, GDN_FEATURE_AVX2, GDN_FEATURE_FMA, GDN_FEATURE_F16C,
+    GDN_FEATURE_AVX512F, GDN_FEATURE_AVX512BW, GDN_FEATURE_AVX512VL, GDN_FEATURE_AVX512DQ,
+    GDN_FEATURE_AVX512_BF16, GDN_FEATURE_AVX512_FP16,
+    GDN_FEATURE_AMX_TILE, GDN_FEATURE_AMX_BF16, GDN_FEATURE_AMX_INT8,
+    GDN_FEATURE_OS_AVX, GDN_FEATURE_OS_AVX512, GDN_FEATURE_OS_AMX, /* XCR0: the OS saves YMM / ZMM / tiles */
+    GDN_FEATURE_ASIMD, GDN_FEATURE_SVE,                             /* aarch64 */
+    GDN_FEATURE_COUNT
+} gdn_feature;
+
+/* Lower-case name of feature f ("avx512_bf16"), NULL outside 0..GDN_FEATURE_COUNT-1. */
+const char *gdn_feature_name(int f);
+/* 1 if this CPU (and OS) has feature f; detected once, on the first call. */
+int gdn_cpu_has(int f);
+
+/* ---- ISA kernels (isa.c) ---- */
+/* Number of ISA kernels compiled into this build, best first. */
+int gdn_isa_count(void);
+const char *gdn_isa_name(int i);
+/* 1 if ISA i is compiled in and this CPU (and OS) supports it. */
+int gdn_isa_supported(int i);
+/* Select by name (NULL: the best supported); returns 0, -1 for an unknown name, -2
+ * if unsupported here. Not thread-safe: call it between calls, not during one. */
+int gdn_select_isa(const char *name);
+const char *gdn_active_isa(void);
+
+/* ---- the conv update (update.c): decode and speculative decoding ----
+ *
+ * One struct describes a whole call (zero-initialise it, then fill it in). Strides
+ * are in elements, not bytes. Token t of request i lives at
  *   x + i * x_stride_b + (start_i + t) * x_stride_t + d * x_stride_d
  * where start_i = query_start_loc[i] (varlen, x_stride_b = 0) or 0 (fixed T). */
-typedef struct gdn_params {
+typedef struct gdn_update_params {
     int64_t batch;          /* B requests */
     int64_t dim;            /* D channels */
     int64_t width;          /* W taps, GDN_MIN_WIDTH..GDN_MAX_WIDTH */
@@ -50,70 +94,19 @@ typedef struct gdn_params {
     const int32_t *conv_state_indices;   /* [B] or NULL: slot i for request i */
     const int32_t *num_accepted_tokens;  /* [B] or NULL: plain decode */
     const int32_t *query_start_loc;      /* [B + 1] or NULL: fixed T */
+} gdn_update_params;
 
-    /* NULL, or room for gdn_weight_scratch_floats(p, num_threads) floats, the
-     * caller's for the call: where each thread may convert the weights and bias
-     * once (fp32, taps outermost) */
-    float *weight_scratch;
-} gdn_params;
+/* Validation of the index arrays before any write. Returns GDN_OK when the call is
+ * legal, otherwise a status code with *bad_index set to the offending request (or
+ * query_start_loc entry) and *bad_value to its value. */
+int gdn_update_validate(const gdn_update_params *p, int64_t num_tokens, int64_t *bad_index,
+                        int64_t *bad_value);
 
-/* Every ISA kernel has this signature: requests [r0, r1) x channels [c0, c1). */
-typedef void (*gdn_kernel_fn)(const gdn_params *p, int64_t r0, int64_t r1,
-                              int64_t c0, int64_t c1);
+/* Bytes the performance model says the call must move. */
+int64_t gdn_update_bytes(const gdn_update_params *p);
 
-/* ---- CPU features (cpu_features.c) ---- */
-typedef struct gdn_cpu_features {
-    int sse2, avx, avx2, fma, f16c;
-    int avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, avx512_fp16;
-    int amx_tile, amx_bf16, amx_int8;
-    int os_avx, os_avx512, os_amx;  /* XCR0 says the OS saves YMM / ZMM / tile state */
-} gdn_cpu_features;
-
-const gdn_cpu_features *gdn_get_cpu_features(void);
-
-/* ---- dispatch (dispatch.c) ---- */
-/* Number of ISA kernels compiled into this build, best first. */
-int gdn_isa_count(void);
-const char *gdn_isa_name(int i);
-/* 1 if ISA i is compiled in and this CPU (and OS) supports it. */
-int gdn_isa_supported(int i);
-/* Select by name; returns 0, -1 for an unknown name, -2 if unsupported here. */
-int gdn_select_isa(const char *name);
-const char *gdn_active_isa(void);
-
-/* Validation of index arrays before any write. Returns 0 when the call is
- * legal, otherwise a gdn_error code with *bad_index set to the offending
- * request (or query_start_loc entry) and *bad_value to its value. */
-enum {
-    GDN_OK = 0,
-    GDN_ERR_SLOT_RANGE = 1,
-    GDN_ERR_SLOT_DUPLICATE = 2,
-    GDN_ERR_ACCEPTED_RANGE = 3,
-    GDN_ERR_SPEC_TOKENS = 4,
-    GDN_ERR_QSL_START = 5,
-    GDN_ERR_QSL_ORDER = 6,
-    GDN_ERR_QSL_END = 7,
-    GDN_ERR_NO_MEMORY = 8
-};
-int gdn_validate(const gdn_params *p, int64_t num_tokens, int64_t *bad_index,
-                 int64_t *bad_value);
-
-/* Bytes SPEC's performance model says the call must move. */
-int64_t gdn_bytes_moved(const gdn_params *p);
-
-/* Calls moving fewer bytes run on the calling thread; returns the previous value. */
-int64_t gdn_set_parallel_min_bytes(int64_t bytes);
-
-/* Call in the child after fork(): a child of a process that ran a parallel
- * region then runs every call on its calling thread. */
-void gdn_after_fork_in_child(void);
-
-/* Floats of weight_scratch that gdn_run(p, num_threads) can use (p filled in but
- * for weight_scratch); 0: it would not use any. */
-int64_t gdn_weight_scratch_floats(const gdn_params *p, int num_threads);
-
-/* Run the whole call, on up to num_threads threads. Call gdn_validate first. */
-void gdn_run(const gdn_params *p, int num_threads);
+/* Run the whole call on up to num_threads threads. Call gdn_update_validate first. */
+void gdn_update_run(const gdn_update_params *p, int num_threads);
 
 #ifdef __cplusplus
 }

@@ -9,13 +9,14 @@ Design:
   protocol and torch has none, so typed memoryviews are not used. torch is never
   imported here; a tensor is recognised only when the caller has imported torch
   already.
-- Every check of the error list runs before ``gdn_run``; the index arrays are
-  checked in C (``gdn_validate``) in one pass. Nothing is written before that.
+- Every check of the error list runs before ``gdn_update_run``; the index arrays are
+  checked in C (``gdn_update_validate``) in one pass. Nothing is written before that.
 - ``conv_state`` and ``out`` are never copied. ``x`` is copied only when its
   channels are not contiguous and ``out`` is not ``x`` (so the SIMD path applies).
-- The GIL is released around ``gdn_run``; threads start only inside it.
-- A call with several requests lends ``gdn_run`` a float32 scratch kept per Python
-  thread (``_weight_scratch``), where its threads convert the weights once.
+- The GIL is released around ``gdn_update_run``; threads start only inside it.
+- A call's C threads convert the weights into a scratch the C side keeps per OS
+  thread (``threads.c``), so nothing Python owns is read with the GIL released but
+  the call's arguments, which the call holds.
 """
 import os
 import sys
@@ -81,7 +82,8 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
         GDN_ERR_QSL_ORDER
         GDN_ERR_QSL_END
         GDN_ERR_NO_MEMORY
-    ctypedef struct gdn_params:
+        GDN_FEATURE_COUNT
+    ctypedef struct gdn_update_params:
         int64_t batch, dim, width, state_len, num_slots, seqlen, pad_slot_id
         int dtype, weight_dtype, silu, zero_skipped
         const void *x
@@ -97,25 +99,21 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
         const int32_t *conv_state_indices
         const int32_t *num_accepted_tokens
         const int32_t *query_start_loc
-        float *weight_scratch
-    ctypedef struct gdn_cpu_features:
-        int sse2, avx, avx2, fma, f16c
-        int avx512f, avx512bw, avx512vl, avx512dq, avx512_bf16, avx512_fp16
-        int amx_tile, amx_bf16, amx_int8
-        int os_avx, os_avx512, os_amx
-    const gdn_cpu_features *gdn_get_cpu_features()
+    const char *gdn_feature_name(int f)
+    int gdn_cpu_has(int f)
     int gdn_isa_count()
     const char *gdn_isa_name(int i)
     int gdn_isa_supported(int i)
     int gdn_select_isa(const char *name)
     const char *gdn_active_isa()
-    int gdn_validate(const gdn_params *p, int64_t num_tokens, int64_t *bad_index,
-                     int64_t *bad_value)
-    int64_t gdn_bytes_moved(const gdn_params *p)
+    int gdn_update_validate(const gdn_update_params *p, int64_t num_tokens, int64_t *bad_index,
+                            int64_t *bad_value)
+    int64_t gdn_update_bytes(const gdn_update_params *p)
+    void gdn_update_run(const gdn_update_params *p, int num_threads)
+
+cdef extern from "threads.h" nogil:
     int64_t gdn_set_parallel_min_bytes(int64_t bytes)
     void gdn_after_fork_in_child()
-    int64_t gdn_weight_scratch_floats(const gdn_params *p, int num_threads)
-    void gdn_run(const gdn_params *p, int num_threads)
 
 
 # ---------------------------------------------------------------- array views
@@ -475,18 +473,13 @@ def get_num_threads():
 # ------------------------------------------------------------------------ ISA
 
 def cpu_features():
-    """Dict of the x86 features gdnconv detects (cpuid + xgetbv); all False elsewhere.
+    """Dict of the CPU features gdnconv detects: x86 (cpuid + xgetbv) and aarch64
+    (``asimd``, ``sve``); those of other architectures are False.
 
     ``os_avx``/``os_avx512``/``os_amx`` say whether the OS saves that register state
     (XCR0), without which the instructions cannot be used.
     """
-    cdef const gdn_cpu_features *f = gdn_get_cpu_features()
-    return {"sse2": bool(f.sse2), "avx": bool(f.avx), "avx2": bool(f.avx2), "fma": bool(f.fma),
-            "f16c": bool(f.f16c), "avx512f": bool(f.avx512f), "avx512bw": bool(f.avx512bw),
-            "avx512vl": bool(f.avx512vl), "avx512dq": bool(f.avx512dq),
-            "avx512_bf16": bool(f.avx512_bf16), "avx512_fp16": bool(f.avx512_fp16),
-            "amx_tile": bool(f.amx_tile), "amx_bf16": bool(f.amx_bf16), "amx_int8": bool(f.amx_int8),
-            "os_avx": bool(f.os_avx), "os_avx512": bool(f.os_avx512), "os_amx": bool(f.os_amx)}
+    return {gdn_feature_name(i).decode(): bool(gdn_cpu_has(i)) for i in range(GDN_FEATURE_COUNT)}
 
 
 def compiled_isas():
@@ -550,7 +543,7 @@ cdef object _new_like(object x, const View *xv):
 
 cdef class _Call:
     """One call's arguments as the kernel sees them (views, params, owners)."""
-    cdef gdn_params p
+    cdef gdn_update_params p
     cdef View xv, sv, wv, bv, ov, iv, nv, qv
     cdef list keep
     cdef bint out_is_x
@@ -713,7 +706,7 @@ cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted
     c.p.state_stride_l = c.sv.strides[1]
     c.p.state_stride_d = c.sv.strides[2]
 
-    rc = gdn_validate(&c.p, N, &bad_i, &bad_v)
+    rc = gdn_update_validate(&c.p, N, &bad_i, &bad_v)
     if rc != GDN_OK:
         _raise_index_error(rc, bad_i, bad_v, &c.p, N)
 
@@ -800,26 +793,9 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
     _fill_rows(&c.p.x, &c.p.x_stride_b, &c.p.x_stride_t, &c.p.x_stride_d, &c.xv, query_start_loc is not None)
     _fill_rows(<const void **>&c.p.out, &c.p.out_stride_b, &c.p.out_stride_t, &c.p.out_stride_d, &c.ov,
                query_start_loc is not None)
-    cdef int64_t scratch = gdn_weight_scratch_floats(&c.p, nthreads)
-    if scratch:
-        c.p.weight_scratch = _weight_scratch(scratch)
     with nogil:
-        gdn_run(&c.p, nthreads)
+        gdn_update_run(&c.p, nthreads)
     return out
-
-
-_scratch = threading.local()
-
-
-cdef float *_weight_scratch(int64_t n) except NULL:
-    """This thread's scratch of at least ``n`` float32 (kept between calls, grown when
-    needed, so no call allocates it twice): a SIMD call with several requests
-    converts its weights into it once instead of once per request."""
-    buf = getattr(_scratch, "w", None)
-    if buf is None or cnp.PyArray_DIM(<cnp.ndarray>buf, 0) < n:
-        buf = np.empty(n, np.float32)
-        _scratch.w = buf
-    return <float *>cnp.PyArray_DATA(<cnp.ndarray>buf)
 
 
 cdef int _refuse_overlap(const View *r, str name, const View *state, const View *out,
@@ -869,7 +845,7 @@ cdef void _fill_rows(const void **ptr, int64_t *sb, int64_t *st, int64_t *sd, co
         sd[0] = v.strides[1]
 
 
-cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_params *p, int64_t N) except -1:
+cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_update_params *p, int64_t N) except -1:
     W, L = p.width, p.state_len
     if rc == GDN_ERR_SLOT_RANGE:
         raise ValueError(f"conv_state_indices[{i}] = {v} is out of range: slots are 0..{p.num_slots - 1} "
@@ -896,7 +872,7 @@ cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_params *p, i
         raise ValueError(f"query_start_loc[{i}] = {v} must equal the number of tokens x.shape[0] = {N}")
     if rc == GDN_ERR_NO_MEMORY:
         raise MemoryError("no memory for the duplicate-slot check")
-    raise RuntimeError(f"gdn_validate returned {rc}")
+    raise RuntimeError(f"gdn_update_validate returned {rc}")
 
 
 def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_indices=None,
@@ -916,7 +892,7 @@ def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_i
     _fill_rows(&c.p.x, &c.p.x_stride_b, &c.p.x_stride_t, &c.p.x_stride_d, &c.xv, query_start_loc is not None)
     _fill_rows(<const void **>&c.p.out, &c.p.out_stride_b, &c.p.out_stride_t, &c.p.out_stride_d, &c.xv,
                query_start_loc is not None)
-    return gdn_bytes_moved(&c.p)
+    return gdn_update_bytes(&c.p)
 
 
 def pack_weight(weight):

@@ -1,10 +1,12 @@
-/* Portable kernel (any ISA, any strides): the scalar core over a unit of work. */
-#include "conv_common.h"
+/* Portable update kernel (any ISA, any strides): the scalar core over a unit of work. */
+#include "silu.h"
+#include "update.h"
 
 #define GDN_SCALAR_CHUNK 256
 
 /* The portable core: requests reqs[0..nreq), channels [c0, c1), any strides, width
- * W (a constant), in chunks of GDN_SCALAR_CHUNK channels whose weights are
+ * W (a constant for the common width 4, a variable otherwise: the build then
+ * compiles 20 instances of this core instead of 70), in chunks of GDN_SCALAR_CHUNK channels whose weights are
  * converted once for all the requests. Per request and chunk it reads every
  * window row before a state write can reach it (spec mode writes the roll's
  * rows 0..W-3 as it reads window rows 1..W-2), keeps the last W-1 inputs in a
@@ -52,7 +54,7 @@ GDN_INLINE void gdn_scalar_store(char *orow, int64_t od, float *acc, int64_t n, 
         gdn_store_raw(orow, c * od, gdn_float_to_raw(acc[c], dt, wdt == GDN_F32), dt);
 }
 
-GDN_INLINE void gdn_scalar_core(const gdn_params *p, const gdn_request *reqs, int nreq, int64_t c0,
+GDN_INLINE void gdn_scalar_core(const gdn_update_params *p, const gdn_request *reqs, int nreq, int64_t c0,
                                 int64_t c1, const int dt, const int wdt, const int W, const int unit) {
     const int H = W - 1;
     /* unit: channel strides of x, out and state are all 1 (a constant, so the
@@ -115,22 +117,15 @@ GDN_INLINE void gdn_scalar_core(const gdn_params *p, const gdn_request *reqs, in
 #undef GDN_RAW
 }
 
-/* Dispatch the scalar core on (dtype, weight dtype, width, unit strides) so each
- * instance is compiled with constants. */
+/* Dispatch the scalar core on (dtype, weight dtype, width 4 or any, unit strides) so
+ * each instance is compiled with constants. */
 #define GDN_SCALAR_WIDTHS_U(dt, wdt, u)                                                \
-    switch (p->width) {                                                                \
-    case 2: gdn_scalar_core(p, reqs, nreq, c0, c1, dt, wdt, 2, u); break;              \
-    case 3: gdn_scalar_core(p, reqs, nreq, c0, c1, dt, wdt, 3, u); break;              \
-    case 4: gdn_scalar_core(p, reqs, nreq, c0, c1, dt, wdt, 4, u); break;              \
-    case 5: gdn_scalar_core(p, reqs, nreq, c0, c1, dt, wdt, 5, u); break;              \
-    case 6: gdn_scalar_core(p, reqs, nreq, c0, c1, dt, wdt, 6, u); break;              \
-    case 7: gdn_scalar_core(p, reqs, nreq, c0, c1, dt, wdt, 7, u); break;              \
-    default: gdn_scalar_core(p, reqs, nreq, c0, c1, dt, wdt, 8, u); break;             \
-    }
+    if (p->width == 4) gdn_scalar_core(p, reqs, nreq, c0, c1, dt, wdt, 4, u);          \
+    else gdn_scalar_core(p, reqs, nreq, c0, c1, dt, wdt, (int)p->width, u);
 #define GDN_SCALAR_WIDTHS(dt, wdt)                                                     \
-    if (unit) GDN_SCALAR_WIDTHS_U(dt, wdt, 1) else GDN_SCALAR_WIDTHS_U(dt, wdt, 0)
+    if (unit) { GDN_SCALAR_WIDTHS_U(dt, wdt, 1) } else { GDN_SCALAR_WIDTHS_U(dt, wdt, 0) }
 
-void gdn_scalar_range(const gdn_params *p, const gdn_request *reqs, int nreq, int64_t c0, int64_t c1) {
+void gdn_update_scalar_range(const gdn_update_params *p, const gdn_request *reqs, int nreq, int64_t c0, int64_t c1) {
     if (c0 >= c1 || nreq <= 0) return;
     const int wf32 = p->weight_dtype == GDN_F32;
     const int unit = p->x_stride_d == 1 && p->out_stride_d == 1 && p->state_stride_d == 1;
@@ -149,11 +144,11 @@ void gdn_scalar_range(const gdn_params *p, const gdn_request *reqs, int nreq, in
 #undef GDN_SCALAR_WIDTHS
 #undef GDN_SCALAR_WIDTHS_U
 
-void gdn_kernel_scalar(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+void gdn_update_scalar(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
     gdn_request reqs[GDN_BLOCK_REQUESTS];
     while (r0 < r1) {
         int nreq = 0;
         for (; r0 < r1 && nreq < GDN_BLOCK_REQUESTS; r0++) reqs[nreq++] = gdn_get_request(p, r0);
-        gdn_scalar_range(p, reqs, nreq, c0, c1);
+        gdn_update_scalar_range(p, reqs, nreq, c0, c1);
     }
 }

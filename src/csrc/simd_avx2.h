@@ -1,15 +1,9 @@
-/* AVX2 kernel (AVX2 + FMA + F16C): 8 channels per ymm, fp32 arithmetic. */
-#include "conv_common.h"
+/* AVX2 primitives for the shared SIMD bodies (AVX2 + FMA + F16C): 8 channels per
+ * ymm, fp32 arithmetic. Included inside the including file's target region. */
+#ifndef GDNCONV_SIMD_AVX2_H
+#define GDNCONV_SIMD_AVX2_H
 
-#ifdef GDN_HAVE_AVX2
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+#include "silu.h"
 
 typedef __m256 V;
 typedef __m256i R;  /* fp32 bits, or 8 x 16-bit in the low 128 bits */
@@ -76,7 +70,7 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
  *   NaN). rcp flushes results below 2^-126 to 0, so bf16 outputs for y < ~-87.3
  *   are -0, inside the fp32 accumulation noise of such a y (as the AVX-512 and
  *   portable kernels).
- * fp32 outputs: as conv_avx512.c's fp32 path (clamp, two-constant reduction);
+ * fp32 outputs: as simd_avx512.h's fp32 path (clamp, two-constant reduction);
  *   2^m is applied in two halves so that subnormal results come out right
  *   without scalef, and rcp gets a Newton step. */
 #define EACH for (int i = 0; i < n; i++)
@@ -86,7 +80,7 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     const __m256i bias = _mm256_set1_epi32(127);
     if (dt != GDN_F32) {
 #pragma GCC unroll 4
-        EACH m[i] = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(y[i], _mm256_set1_ps(-1.44269504f)),
+        EACH m[i] = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(y[i], _mm256_set1_ps(-GDN_LOG2E)),
                                                 _mm256_set1_ps(-127.0f)), _mm256_set1_ps(128.0f));
 #pragma GCC unroll 4
         EACH a[i] = _mm256_floor_ps(m[i]);
@@ -112,25 +106,22 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         return;
     }
 #pragma GCC unroll 4
-    EACH a[i] = _mm256_max_ps(_mm256_set1_ps(-150.0f),
+    EACH a[i] = _mm256_max_ps(_mm256_set1_ps(GDN_EXP_ARG_MIN),
                               _mm256_or_ps(y[i], _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
 #pragma GCC unroll 4
-    EACH m[i] = _mm256_round_ps(_mm256_mul_ps(a[i], _mm256_set1_ps(1.44269504f)),
+    EACH m[i] = _mm256_round_ps(_mm256_mul_ps(a[i], _mm256_set1_ps(GDN_LOG2E)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #pragma GCC unroll 4
-    EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(0.693359375f), a[i]);
+    EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(GDN_LN2_HI), a[i]);
 #pragma GCC unroll 4
-    EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(-2.12194440e-4f), r[i]);
+    EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(GDN_LN2_LO), r[i]);
+    static const float c5[] = {GDN_EXP_DEG5};
 #pragma GCC unroll 4
-    EACH q[i] = _mm256_fmadd_ps(_mm256_set1_ps(0.008297654800117016f), r[i], _mm256_set1_ps(0.04191538318991661f));
+    EACH q[i] = _mm256_set1_ps(c5[0]);
+#pragma GCC unroll 5
+    for (int k = 1; k < 6; k++)
 #pragma GCC unroll 4
-    EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.16667574644088745f));
-#pragma GCC unroll 4
-    EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.49998894333839417f));
-#pragma GCC unroll 4
-    EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.9999997019767761f));
-#pragma GCC unroll 4
-    EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(1.0000001192092896f));
+        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(c5[k]));
 #pragma GCC unroll 4
     EACH {
         const __m256i mi = _mm256_cvtps_epi32(m[i]);             /* -217..0 */
@@ -149,19 +140,7 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 }
 #undef EACH
 
-#include "conv_simd_body.h"
+/* keeps the compiler from seeing through a register (see update_simd.h's simd_copy) */
+#define GDN_SIMD_OPAQUE(v) __asm__("" : "+v"(v))
 
-void gdn_kernel_avx2(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    simd_kernel(p, r0, r1, c0, c1, 0);
-}
-
-void gdn_fill_avx2(const gdn_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
-    simd_fill(p, c0, c1, w, ld, b);
-}
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
 #endif

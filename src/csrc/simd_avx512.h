@@ -1,19 +1,11 @@
-/* AVX-512 kernels (F/BW/VL/DQ + FMA + F16C): 16 channels per zmm, fp32 arithmetic.
- * Two entries: avx512bf16 stores bf16 with vcvtneps2bf16 (one instruction instead
- * of eight, same bits); avx512 rounds in integer arithmetic and never executes an
- * AVX512-BF16 instruction, although the file is compiled with that target enabled. */
-#include "conv_common.h"
+/* AVX-512 primitives for the shared SIMD bodies (F/BW/VL/DQ + FMA + F16C): 16
+ * channels per zmm, fp32 arithmetic. Included inside the including file's target
+ * region; with GDN_SIMD_BF16_NATIVE defined (and avx512bf16 in that region) bf16 is
+ * also stored with vcvtneps2bf16 (dtype code GDN_BF16_NATIVE). */
+#ifndef GDNCONV_SIMD_AVX512_H
+#define GDNCONV_SIMD_AVX512_H
 
-#ifdef GDN_HAVE_AVX512
-#include <immintrin.h>
-
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")
-#endif
+#include "silu.h"
 
 typedef __m512 V;
 typedef __m512i R;  /* fp32 bits, or 16 x 16-bit in the low 256 bits */
@@ -41,10 +33,12 @@ GDN_INLINE R from_f32(V v, int dt) {
     if (dt == GDN_F32) return _mm512_castps_si512(v);
     if (dt == GDN_F16)
         return _mm512_castsi256_si512(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#ifdef GDN_SIMD_BF16_NATIVE
     /* vcvtneps2bf16 flushes subnormals; a vector holding one (fpclass 0x20) takes
      * the integer rounding below, so every path rounds the same, bit for bit */
     if (dt == GDN_BF16_NATIVE && !_mm512_fpclass_ps_mask(v, 0x20))
         return _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(v));
+#endif
     /* bf16, round to nearest even on the bits; NaN keeps its sign and top payload, made quiet */
     const __m512i u = _mm512_castps_si512(v);
     const __m512i hi = _mm512_srli_epi32(u, 16);
@@ -55,6 +49,7 @@ GDN_INLINE R from_f32(V v, int dt) {
     return _mm512_castsi256_si512(_mm512_cvtepi32_epi16(r));
 }
 
+#ifdef GDN_SIMD_BF16_NATIVE
 /* Two vectors to bf16 with one vcvtne2ps2bf16 and one 64-byte store. Its output is
  * +-0 exactly for a +-0 or subnormal input (bf16 shares fp32's exponent range, and
  * subnormals are flushed), so a line holding a zero is redone by from_f32, which
@@ -69,6 +64,7 @@ GDN_INLINE void st2_native(char *p, V lo, V hi) {
         st_raw(p + 32, from_f32(hi, GDN_BF16_NATIVE), GDN_BF16);
     }
 }
+#endif
 
 GDN_INLINE V vload(const float *p) { return _mm512_loadu_ps(p); }
 GDN_INLINE void vstore(float *p, V v) { _mm512_storeu_ps(p, v); }
@@ -125,7 +121,7 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     const V one = _mm512_set1_ps(1.0f);
     if (dt != GDN_F32) {
 #pragma GCC unroll 4
-        EACH m[i] = _mm512_mul_ps(y[i], _mm512_set1_ps(-1.44269504f));          /* t = -y log2 e */
+        EACH m[i] = _mm512_mul_ps(y[i], _mm512_set1_ps(-GDN_LOG2E));          /* t = -y log2 e */
 #pragma GCC unroll 4
         EACH r[i] = _mm512_reduce_ps(m[i], _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);  /* t - floor t */
         static const float p3[] = {GDN_EXP2_DEG3}, p2[] = {GDN_EXP2_DEG2};
@@ -144,26 +140,23 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         return;
     }
 #pragma GCC unroll 4
-    EACH a[i] = _mm512_max_ps(_mm512_set1_ps(-150.0f),  /* NaN passes: max returns operand 2 */
+    EACH a[i] = _mm512_max_ps(_mm512_set1_ps(GDN_EXP_ARG_MIN),  /* NaN passes: max returns operand 2 */
                               _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y[i]),
                                                                   _mm512_set1_epi32((int)0x80000000u))));
 #pragma GCC unroll 4
-    EACH m[i] = _mm512_roundscale_ps(_mm512_mul_ps(a[i], _mm512_set1_ps(1.44269504f)),
+    EACH m[i] = _mm512_roundscale_ps(_mm512_mul_ps(a[i], _mm512_set1_ps(GDN_LOG2E)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #pragma GCC unroll 4
-    EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(0.693359375f), a[i]);
+    EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(GDN_LN2_HI), a[i]);
 #pragma GCC unroll 4
-    EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(-2.12194440e-4f), r[i]);
+    EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(GDN_LN2_LO), r[i]);
+    static const float c5[] = {GDN_EXP_DEG5};
 #pragma GCC unroll 4
-    EACH q[i] = _mm512_fmadd_ps(_mm512_set1_ps(0.008297654800117016f), r[i], _mm512_set1_ps(0.04191538318991661f));
+    EACH q[i] = _mm512_set1_ps(c5[0]);
+#pragma GCC unroll 5
+    for (int k = 1; k < 6; k++)
 #pragma GCC unroll 4
-    EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.16667574644088745f));
-#pragma GCC unroll 4
-    EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.49998894333839417f));
-#pragma GCC unroll 4
-    EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(0.9999997019767761f));
-#pragma GCC unroll 4
-    EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(1.0000001192092896f));
+        EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(c5[k]));
 #pragma GCC unroll 4
     EACH e[i] = _mm512_scalef_ps(q[i], m[i]);
 #pragma GCC unroll 4
@@ -176,24 +169,7 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 }
 #undef EACH
 
-#include "conv_simd_body.h"
+/* keeps the compiler from seeing through a register (see update_simd.h's simd_copy) */
+#define GDN_SIMD_OPAQUE(v) __asm__("" : "+v"(v))
 
-void gdn_kernel_avx512(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    simd_kernel(p, r0, r1, c0, c1, 0);
-}
-
-void gdn_kernel_avx512bf16(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    simd_kernel(p, r0, r1, c0, c1, 1);
-}
-
-/* avx512 and avx512bf16 both (the conversion uses no AVX512-BF16 instruction) */
-void gdn_fill_avx512(const gdn_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
-    simd_fill(p, c0, c1, w, ld, b);
-}
-
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
 #endif

@@ -1,5 +1,5 @@
-/* The SIMD loop structure shared by the ISA kernels; included by conv_<isa>.c after
- * it defines, for its vector width:
+/* The update's SIMD loop structure shared by the ISA kernels; included by
+ * update_<isa>.c after its simd_<isa>.h, which defines for its vector width:
  *   V, R              fp32 vector and raw-bits vector (16-bit lanes in the low half)
  *   LANES             channels per vector
  *   ld_raw, st_raw    load / store LANES raw elements of dtype dt
@@ -10,8 +10,20 @@
  *   taps16(src, wdt, W, t)  optional (SIMD_TAPS16): the same for 16-bit weights, W <= 4
  *   st2_native(p, lo, hi)   optional (SIMD_ST2_NATIVE): store two vectors of dtype
  *                           GDN_BF16_NATIVE, lo then hi, exactly as two st_raw(from_f32)
- * and then defines its kernels as calls of simd_kernel().
- * Channels past the last whole 64-byte line of a block go to the shared scalar core. */
+ *   GDN_SIMD_OPAQUE(v)      an empty asm statement that keeps v in a register
+ * and then defines its kernels as calls of simd_kernel() and simd_fill().
+ * Vectors of 128 bits or more (LANES >= 4 fp32 lanes): a line step takes up to four
+ * vectors, one 64-byte line of x86 vectors or 16 channels of 128-bit ones.
+ * Channels past the last whole line step of a block go to the shared scalar core. */
+#ifndef LANES
+#error "update_simd.h: include an ISA's simd_<isa>.h first"
+#endif
+#if LANES < 4 || GDN_BLOCK_CHANNELS % (4 * LANES) != 0
+#error "update_simd.h needs LANES >= 4 and blocks of whole line steps"
+#endif
+#ifndef GDN_SIMD_OPAQUE
+#error "update_simd.h: the ISA header must define GDN_SIMD_OPAQUE"
+#endif
 
 #define GDN_SLAB 8  /* tokens staged at a time */
 
@@ -64,7 +76,7 @@ GDN_INLINE void simd_tokens(const char *xs, int64_t bs, char *os, int64_t ot, in
 GDN_INLINE void simd_copy(char *dst, const char *src, int64_t bytes) {
     for (int64_t o = 0; o < bytes; o += LANES * 4) {
         R v = ld_raw(src + o, GDN_F32);
-        __asm__("" : "+v"(v));
+        GDN_SIMD_OPAQUE(v);
         st_raw(dst + o, v, GDN_F32);
     }
 }
@@ -81,13 +93,13 @@ GDN_INLINE void simd_copy(char *dst, const char *src, int64_t bytes) {
  *   the state roll is written from buf, row by row; the convolution reads buf,
  *   with weights and history in registers, and writes out. Everything is read
  *   before anything is written, so out may be x. */
-GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                           const float *const *wrow, const float *brow, const int dt, const int W,
                           const int silu) {
     const int H = W - 1;
     const int64_t e = gdn_elsize(dt), ve = LANES * e, sl = p->state_stride_l * e;
     const int64_t xt = p->x_stride_t * e, ot = p->out_stride_t * e;
-    const int NV = ve < 64 ? (int)(64 / ve) : 1;     /* vectors per 64-byte line */
+    const int NV = ve >= 64 ? 1 : 64 / ve > 4 ? 4 : (int)(64 / ve);  /* vectors per line step */
     const int G = 4 / NV;                             /* tokens per group: G * NV = 4 vectors */
     const int64_t step = NV * LANES, nline = (c1 - c0) / step * step, bytes = nline * e;
     const int64_t bs = GDN_BLOCK_CHANNELS * e;       /* buf row stride */
@@ -134,7 +146,7 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
             if (!spec)  /* rows 0..W-2 <- the last W-1 inputs of the window */
                 for (int k = 0; k < H; k++) simd_copy(st + k * sl, buf + k * bs, bytes);
         }
-        if (nline < c1 - c0) gdn_scalar_range(p, &r, 1, c0 + nline, c1);
+        if (nline < c1 - c0) gdn_update_scalar_range(p, &r, 1, c0 + nline, c1);
     }
 }
 
@@ -153,17 +165,14 @@ GDN_INLINE void simd_unit(const gdn_params *p, int64_t r0, int64_t r1, int64_t c
     switch (p->dtype) {                                                                 \
     case GDN_F32: SIMD_UNIT_WIDTHS(GDN_F32, silu) break;                                \
     case GDN_F16: SIMD_UNIT_WIDTHS(GDN_F16, silu) break;                                \
-    default:                                                                            \
-        if (bf16_native) SIMD_UNIT_WIDTHS(GDN_BF16_NATIVE, silu)                         \
-        else SIMD_UNIT_WIDTHS(GDN_BF16, silu)                                           \
-        break;                                                                          \
+    default: SIMD_UNIT_WIDTHS(GDN_BF16, silu) break;                                    \
     }
 
 /* Weights of channels c0.. from a contiguous (D, W) array to W fp32 tap rows
  * (w[k * ld + c]), LANES channels at a time: W vector loads of the channel-major
  * block [LANES, W], then per tap a lane permute (gather_taps), or the ISA's taps16
  * for 16-bit weights with W <= 4. */
-GDN_INLINE void simd_fill_weights(const gdn_params *p, int64_t c0, int64_t nvec, float *w, int64_t ld,
+GDN_INLINE void simd_fill_weights(const gdn_update_params *p, int64_t c0, int64_t nvec, float *w, int64_t ld,
                                   const int wdt, const int W) {
     const int64_t e = gdn_elsize(wdt);
     for (int64_t c = 0; c < nvec; c += LANES) {
@@ -199,7 +208,7 @@ GDN_INLINE void simd_fill_weights(const gdn_params *p, int64_t c0, int64_t nvec,
 
 /* Weights and bias of channels [c0, c1) as fp32, tap-major (w[k * ld + c], b[c]):
  * whole vectors here, the rest through the scalar conversion. */
-GDN_INLINE void simd_fill(const gdn_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
+GDN_INLINE void simd_fill(const gdn_update_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
     const int64_t nvec = (c1 - c0) / LANES * LANES;
     const int wdt = p->weight_dtype;
     if (p->weight_stride_w == 1 && p->weight_stride_d == p->width) {
@@ -218,12 +227,13 @@ GDN_INLINE void simd_fill(const gdn_params *p, int64_t c0, int64_t c1, float *w,
     if (nvec < c1 - c0) gdn_fill_weights_any(p, c0 + nvec, c1 - c0 - nvec, w + nvec, ld, b + nvec);
 }
 
-/* The kernel; bf16_native (a constant) stores bf16 with the ISA's conversion
- * instruction (dtype code GDN_BF16_NATIVE) instead of integer rounding. */
-GDN_INLINE void simd_kernel(const gdn_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+/* The kernel; bf16_native (a constant) is for bf16 calls only and stores bf16 with
+ * the ISA's conversion instruction (dtype code GDN_BF16_NATIVE) instead of integer
+ * rounding. */
+GDN_INLINE void simd_kernel(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                             const int bf16_native) {
     /* fp32 weights with unit channel stride (pack_weight's layout, or the call's
-     * converted copy: see gdn_run) are read in place; any other weights are
+     * converted copy: see update.c) are read in place; any other weights are
      * converted once per unit, tap-major. */
     GDN_ALIGN64 float wbuf[GDN_MAX_WIDTH][GDN_BLOCK_CHANNELS];
     GDN_ALIGN64 float bbuf[GDN_BLOCK_CHANNELS];
@@ -238,7 +248,10 @@ GDN_INLINE void simd_kernel(const gdn_params *p, int64_t r0, int64_t r1, int64_t
         simd_fill(p, c0, c0 + nvec, &wbuf[0][0], GDN_BLOCK_CHANNELS, bbuf);
         for (int64_t k = 0; k < p->width; k++) wrow[k] = wbuf[k];
     }
-    if (p->silu) {
+    if (bf16_native) {
+        if (p->silu) SIMD_UNIT_WIDTHS(GDN_BF16_NATIVE, 1)
+        else SIMD_UNIT_WIDTHS(GDN_BF16_NATIVE, 0)
+    } else if (p->silu) {
         SIMD_UNIT_DTYPES(1)
     } else {
         SIMD_UNIT_DTYPES(0)

@@ -1,0 +1,28 @@
+/* Shared internals of every file: the public header, inlining and alignment macros,
+ * and whether this compiler can build the x86 SIMD kernels from a baseline build. */
+#ifndef GDNCONV_COMMON_H
+#define GDNCONV_COMMON_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "gdnconv/gdnconv.h"
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define GDN_INLINE static __forceinline
+#define GDN_ALIGN64 __declspec(align(64))
+#else
+#define GDN_INLINE static inline __attribute__((always_inline))
+#define GDN_ALIGN64 __attribute__((aligned(64)))
+#endif
+
+/* The x86 SIMD kernels are compiled where the compiler can target them from a
+ * baseline build (GCC >= 10 or clang >= 9 on x86-64, with target pragmas); elsewhere
+ * only the portable kernel. */
+#if (defined(__x86_64__) || defined(_M_X64)) && \
+    ((defined(__clang__) && __clang_major__ >= 9) || \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define GDN_HAVE_X86_SIMD 1
+#endif
+
+#endif
