@@ -5,6 +5,7 @@ chosen at run time, so one wheel runs on every x86-64 CPU. OpenMP is used when t
 compiler supports it; without it the build warns loudly and the kernel runs on the
 calling thread.
 """
+import glob
 import os
 import sys
 import tempfile
@@ -56,10 +57,11 @@ ext = Extension(
     "gdnconv._core",
     sources=SOURCES,
     include_dirs=["include", "src/csrc", np.get_include()],
+    depends=glob.glob("src/csrc/*.h") + glob.glob("include/gdnconv/*.h") + glob.glob("src/gdnconv/*.pxi"),
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
 )
 
 setup(
-    ext_modules=cythonize([ext], compiler_directives={"language_level": 3}),
+    ext_modules=cythonize([ext], include_path=["src"], compiler_directives={"language_level": 3}),
     cmdclass={"build_ext": BuildExt},
 )

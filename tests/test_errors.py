@@ -176,6 +176,22 @@ CASES = [
     ("out-list", _set(out=lambda kw: kw["out"].tolist()), TypeError, ["out"]),
     ("pad_slot_id-float", _set(pad_slot_id=1.5), TypeError, ["pad_slot_id"]),
     ("pad_slot_id-beyond-int64", _set(pad_slot_id=2**70), ValueError, ["pad_slot_id"]),
+    # layouts a newcomer passes by mistake: the message names the layout and the fix
+    ("x-triton-layout", _set(x=lambda kw: np.ascontiguousarray(kw["x"].transpose(0, 2, 1)), out=None),
+     ValueError, ["x", "(B, D, T)", "x.transpose(1, 2)"]),
+    ("weight-W-by-D", _set(weight=lambda kw: kw["weight"].T.copy()), ValueError, ["weight", "weight.T"]),
+    ("weight-conv1d-layout", _set(weight=lambda kw: kw["weight"][:, None, :].copy()), ValueError,
+     ["weight", "(D, 1, W)", "squeeze(1)"]),
+    ("conv_state-DS-untransposed", _set(conv_state=lambda kw: np.zeros((S, D, L), np.float32)), ValueError,
+     ["conv_state", "transpose(1, 2)"]),
+    ("x-list-of-floats", _set(x=lambda kw: kw["x"].tolist(), out=None), TypeError,
+     ["x", "list", "float64", "np.asarray(x, np.float32)"]),
+    ("bias-f32-with-bf16-weight", _set(x=_dtype("x", BF16), conv_state=_dtype("conv_state", BF16),
+                                       weight=_dtype("weight", BF16), out=None), TypeError,
+     ["bias", "float32", "bfloat16", "pack_weight"]),
+    ("bias-bf16-with-f32-weight", _set(x=_dtype("x", BF16), conv_state=_dtype("conv_state", BF16),
+                                       bias=_dtype("bias", BF16), out=None), TypeError,
+     ["bias", "float32 bias"]),
 ]
 
 VARLEN_CASES = [

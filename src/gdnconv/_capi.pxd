@@ -1,0 +1,52 @@
+# The C interface as Cython sees it: the one mirror of include/gdnconv/gdnconv.h, plus
+# the thread-setting hooks of src/csrc/threads.h.
+from libc.stdint cimport int32_t, int64_t
+
+cdef extern from "gdnconv/gdnconv.h" nogil:
+    enum:
+        GDN_F32
+        GDN_F16
+        GDN_BF16
+        GDN_MIN_WIDTH
+        GDN_MAX_WIDTH
+        GDN_OK
+        GDN_ERR_SLOT_RANGE
+        GDN_ERR_SLOT_DUPLICATE
+        GDN_ERR_ACCEPTED_RANGE
+        GDN_ERR_SPEC_TOKENS
+        GDN_ERR_QSL_START
+        GDN_ERR_QSL_ORDER
+        GDN_ERR_QSL_END
+        GDN_ERR_NO_MEMORY
+        GDN_FEATURE_COUNT
+    ctypedef struct gdn_update_params:
+        int64_t batch, dim, width, state_len, num_slots, seqlen, pad_slot_id
+        int dtype, weight_dtype, silu, zero_skipped
+        const void *x
+        int64_t x_stride_b, x_stride_t, x_stride_d
+        void *out
+        int64_t out_stride_b, out_stride_t, out_stride_d
+        void *conv_state
+        int64_t state_stride_s, state_stride_l, state_stride_d
+        const void *weight
+        int64_t weight_stride_d, weight_stride_w
+        const void *bias
+        int64_t bias_stride
+        const int32_t *conv_state_indices
+        const int32_t *num_accepted_tokens
+        const int32_t *query_start_loc
+    const char *gdn_feature_name(int f)
+    int gdn_cpu_has(int f)
+    int gdn_isa_count()
+    const char *gdn_isa_name(int i)
+    int gdn_isa_supported(int i)
+    int gdn_select_isa(const char *name)
+    const char *gdn_active_isa()
+    int gdn_update_validate(const gdn_update_params *p, int64_t num_tokens, int64_t *bad_index,
+                            int64_t *bad_value)
+    int64_t gdn_update_bytes(const gdn_update_params *p)
+    void gdn_update_run(const gdn_update_params *p, int num_threads)
+
+cdef extern from "threads.h" nogil:
+    int64_t gdn_set_parallel_min_bytes(int64_t bytes)
+    void gdn_after_fork_in_child()

@@ -1,0 +1,153 @@
+# Checks every op makes the same way, on the views of _arrays.pxi: written arrays
+# (writeable, outside autograd, no self-overlap), aliasing between arguments, and the
+# shared arguments (activation, pad_slot_id, weight and bias).
+
+cdef int _refuse_self_overlap(const View *v, str name) except -1:
+    """A written array must give every element its own memory. Checked by sorting
+    the dimensions by stride: each stride must step over everything inside it.
+    (A few exotic interleaved layouts without overlap are refused too.)"""
+    cdef int i, j
+    cdef int order[3]
+    cdef int64_t span = 1, st
+    for i in range(v.ndim):
+        if v.shape[i] == 0:
+            return 0       # no element, no overlap (NumPy gives empty arrays zero strides)
+    n = 0
+    for i in range(v.ndim):
+        if v.shape[i] > 1:
+            order[n] = i
+            n += 1
+    for i in range(1, n):  # insertion sort by |stride|
+        j = i
+        while j > 0 and abs(v.strides[order[j - 1]]) > abs(v.strides[order[j]]):
+            order[j - 1], order[j] = order[j], order[j - 1]
+            j -= 1
+    for i in range(n):
+        st = abs(v.strides[order[i]])
+        if st < span:
+            raise ValueError(f"{name} overlaps itself (shape {tuple(v.shape[k] for k in range(v.ndim))}, "
+                             f"strides {tuple(v.strides[k] for k in range(v.ndim))} in elements): "
+                             f"every element it holds must have its own memory")
+        span = st * v.shape[order[i]]
+    return 0
+
+
+cdef inline void _extent(const View *v, uintptr_t *lo, uintptr_t *hi):
+    """Byte range [lo, hi) that v may touch; lo == hi when v is empty."""
+    cdef int i
+    cdef int64_t low = 0, high = 0
+    for i in range(v.ndim):
+        if v.shape[i] == 0:
+            lo[0] = hi[0] = 0
+            return
+        if v.strides[i] < 0:
+            low += (v.shape[i] - 1) * v.strides[i]
+        else:
+            high += (v.shape[i] - 1) * v.strides[i]
+    lo[0] = <uintptr_t>(v.ptr + low * v.itemsize)
+    hi[0] = <uintptr_t>(v.ptr + (high + 1) * v.itemsize)
+
+
+class _RawArray:
+    """A NumPy view of raw memory, for the exact overlap test."""
+    def __init__(self, ptr, shape, strides, itemsize):
+        self.__array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": f"<u{itemsize}",
+                                    "strides": tuple(s * itemsize for s in strides), "version": 3}
+
+
+cdef object _raw(const View *v):
+    return np.asarray(_RawArray(<uintptr_t>v.ptr, tuple(v.shape[i] for i in range(v.ndim)),
+                                tuple(v.strides[i] for i in range(v.ndim)), v.itemsize))
+
+
+cdef bint _overlap(const View *a, const View *b):
+    cdef uintptr_t alo, ahi, blo, bhi
+    _extent(a, &alo, &ahi)
+    _extent(b, &blo, &bhi)
+    if alo == ahi or blo == bhi or ahi <= blo or bhi <= alo:
+        return False
+    # extents overlap: interleaved views (two slices of one fused buffer) may still be disjoint
+    return np.shares_memory(_raw(a), _raw(b))
+
+
+cdef int _refuse_overlap(const View *r, str name, const View *state, const View *out,
+                         bint has_out) except -1:
+    """A read-only argument must not share memory with conv_state or out."""
+    if _overlap(state, r):
+        raise ValueError(f"{name} overlaps conv_state")
+    if has_out and _overlap(out, r):
+        raise ValueError(f"{name} overlaps out")
+    return 0
+
+
+cdef int _refuse_autograd(object a, str name) except -1:
+    """gdnconv writes outside autograd: a written tensor that requires grad would be
+    changed behind its back (torch itself refuses in-place writes to such leaves)."""
+    if _is_tensor(a) and a.requires_grad:
+        raise ValueError(f"{name} requires grad; gdnconv writes it in place outside autograd: "
+                         f"pass {name}.detach(), which shares its memory (torch.no_grad() does not "
+                         f"change a tensor's requires_grad)")
+    return 0
+
+
+# ------------------------------------------------------- arguments every op checks
+
+cdef int _silu_flag(object activation) except -1:
+    """1 for SiLU ("silu", "swish", True as vLLM takes), 0 for None/False."""
+    if activation is None or activation is False:
+        return 0
+    if activation is True or activation == "silu" or activation == "swish":
+        return 1
+    raise ValueError(f"activation must be None, 'silu' or 'swish' (or a bool, as vLLM takes), "
+                     f"got {activation!r}")
+
+
+cdef int64_t _pad_slot(object pad_slot_id) except? -1:
+    if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
+        raise TypeError(f"pad_slot_id must be an integer, got {pad_slot_id!r}")
+    if not -2**63 <= pad_slot_id < 2**63:
+        raise ValueError(f"pad_slot_id = {pad_slot_id} is outside the int64 range")
+    return pad_slot_id
+
+
+cdef int _weights(View *wv, View *bv, object weight, object bias, object x, int dt) except -1:
+    """Views of weight (D, W) and bias (D,) with their checks against x's dtype;
+    returns the weight dtype code."""
+    cdef int wdt
+    _view(weight, wv, "weight")
+    wdt = _dtype_of(wv, weight, "weight")
+    if wdt != dt and wdt != GDN_F32:
+        raise TypeError(f"weight dtype {_dtype_name(weight)} does not match x dtype {_dtype_name(x)}: "
+                        f"pass weights of x's dtype, or float32 weights (gdnconv.pack_weight) with a "
+                        f"float32 bias")
+    if bias is not None:
+        _view(bias, bv, "bias")
+        if _dtype_of(bv, bias, "bias") != wdt:
+            fix = ("a float32 bias" if wdt == GDN_F32 else
+                   f"a bias of the weight's dtype, or float32 weights (gdnconv.pack_weight) with it")
+            raise TypeError(f"bias dtype {_dtype_name(bias)} does not match weight dtype "
+                            f"{_dtype_name(weight)}: pass {fix}")
+    if wv.ndim == 3 and wv.shape[1] == 1:
+        raise ValueError(f"weight must have shape (D, W), got {tuple(weight.shape)}, the layout of "
+                         f"nn.Conv1d's weight (D, 1, W): pass weight.squeeze(1)")
+    if wv.ndim != 2:
+        raise ValueError(f"weight must have shape (D, W), got {tuple(weight.shape)}")
+    if not GDN_MIN_WIDTH <= wv.shape[1] <= GDN_MAX_WIDTH:
+        hint = (f": this looks like (W, D); pass weight.T" if GDN_MIN_WIDTH <= wv.shape[0] <= GDN_MAX_WIDTH
+                else "")
+        raise ValueError(f"width W = weight.shape[1] = {wv.shape[1]} is outside "
+                         f"{GDN_MIN_WIDTH}..{GDN_MAX_WIDTH} (weight shape {tuple(weight.shape)}){hint}")
+    if bias is not None and (bv.ndim != 1 or bv.shape[0] != wv.shape[0]):
+        raise ValueError(f"bias must have shape ({wv.shape[0]},) to match weight {tuple(weight.shape)}, "
+                         f"got {tuple(bias.shape)}")
+    return wdt
+
+
+cdef int _written(const View *v, object a, str name) except -1:
+    """Checks on an array the call writes in place: writeable, outside autograd, every
+    element its own memory."""
+    if not v.writeable:
+        raise ValueError(f"{name} is read-only: it is written in place (pass a writeable array)")
+    _refuse_autograd(a, name)
+    _refuse_self_overlap(v, name)
+    return 0

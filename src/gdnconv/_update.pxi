@@ -1,0 +1,326 @@
+# The conv update op (vLLM's causal_conv1d_update): its checks, its params filled in
+# one place (_update_params), the call, and the byte model.
+
+cdef class _Update:
+    """One update call as the kernel sees it: the views of its arguments, the objects
+    that own their memory (kept until the kernel returns), and its params."""
+    cdef gdn_update_params p
+    cdef View xv, sv, wv, bv, ov, iv, nv, qv
+    cdef list keep
+    cdef bint out_is_x, varlen
+    cdef int64_t B, T, N, S, L, D, W, pad_slot_id
+    cdef int dt, wdt, silu
+
+    def __cinit__(self):
+        self.keep = []
+
+
+cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_accepted_tokens,
+                       conv_state_indices, query_start_loc, pad_slot_id, out) except -1:
+    """Every check of the update that needs no index value; nothing is written. All
+    arguments must come from _input_array / _index_input (no user code runs here)."""
+    cdef int64_t B, T = 1, N = 0, D, W, L, S
+    c.silu = _silu_flag(activation)
+    c.pad_slot_id = _pad_slot(pad_slot_id)
+
+    # ---- arrays and dtypes
+    _view(x, &c.xv, "x")
+    _view(conv_state, &c.sv, "conv_state")
+    c.dt = _dtype_of(&c.xv, x, "x")
+    if _dtype_of(&c.sv, conv_state, "conv_state") != c.dt:
+        raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
+    c.wdt = _weights(&c.wv, &c.bv, weight, bias, x, c.dt)
+    if out is not None:
+        _view(out, &c.ov, "out")
+        if _dtype_of(&c.ov, out, "out") != c.dt:
+            raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
+
+    # ---- shapes
+    D = c.wv.shape[0]
+    W = c.wv.shape[1]
+    if c.xv.ndim in (2, 3) and c.xv.shape[c.xv.ndim - 1] != D:
+        hint = (f": x looks like vLLM's Triton layout (B, D, T); pass x.transpose(1, 2)"
+                if c.xv.ndim == 3 and c.xv.shape[1] == D else "")
+        raise ValueError(f"x dim {c.xv.shape[c.xv.ndim - 1]} (shape {tuple(x.shape)}) does not match "
+                         f"weight dim {D} (weight shape {tuple(weight.shape)}): x is (B, T, D), (B, D) "
+                         f"or (N, D), channels last{hint}")
+    if c.sv.ndim != 3:
+        raise ValueError(f"conv_state must have shape (num_slots, state_len, D), got {tuple(conv_state.shape)}")
+    S = c.sv.shape[0]
+    L = c.sv.shape[1]
+    if c.sv.shape[2] != D:
+        hint = (f": a (num_slots, D, state_len) state (vLLM's DS layout, transformers' cache) is passed "
+                f"as conv_state.transpose(1, 2)" if c.sv.shape[1] == D else "")
+        raise ValueError(f"conv_state dim {c.sv.shape[2]} (shape {tuple(conv_state.shape)}) does not "
+                         f"match weight dim {D}{hint}")
+    _written(&c.sv, conv_state, "conv_state")
+    if c.xv.ndim == 3:
+        if query_start_loc is not None:
+            raise ValueError(f"x must be 2-D (N, D) with query_start_loc, got shape {tuple(x.shape)}")
+        B = c.xv.shape[0]
+        T = c.xv.shape[1]
+    elif c.xv.ndim == 2:
+        if query_start_loc is None:
+            B = c.xv.shape[0]
+        else:
+            N = c.xv.shape[0]
+            if np.ndim(query_start_loc) != 1:
+                raise ValueError(f"query_start_loc must be 1-D (B + 1,), got shape {np.shape(query_start_loc)}")
+            B = len(query_start_loc) - 1
+            if B < 0:
+                raise ValueError("query_start_loc must have B + 1 >= 1 entries, got 0")
+    else:
+        raise ValueError(f"x must be (B, T, D), (B, D) or (N, D), got shape {tuple(x.shape)}")
+    if L < W - 1:
+        mode = "plain decode" if num_accepted_tokens is None else "speculative mode"
+        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: {mode} needs "
+                         f"state_len >= width - 1 = {W - 1}")
+    c.out_is_x = False
+    if out is not None:
+        if not _same_shape(&c.ov, &c.xv):
+            raise ValueError(f"out shape {tuple(out.shape)} does not match x shape {tuple(x.shape)}")
+        _written(&c.ov, out, "out")
+        c.out_is_x = _same_view(&c.ov, &c.xv)
+
+    # ---- index arrays
+    if query_start_loc is not None:
+        c.keep.append(_index_array(query_start_loc, "query_start_loc", B + 1, &c.qv))
+    if conv_state_indices is not None:
+        c.keep.append(_index_array(conv_state_indices, "conv_state_indices", B, &c.iv))
+    elif B > S:
+        raise ValueError(f"batch {B} needs conv_state_indices: conv_state has only {S} slots")
+    if num_accepted_tokens is not None:
+        c.keep.append(_index_array(num_accepted_tokens, "num_accepted_tokens", B, &c.nv))
+
+    # ---- aliasing: what is written must not share memory with what is read
+    has_out = out is not None
+    if has_out:
+        if _overlap(&c.ov, &c.sv):
+            raise ValueError("out overlaps conv_state")
+        if not c.out_is_x and _overlap(&c.ov, &c.xv):
+            raise ValueError("out overlaps x without being x")
+    if _overlap(&c.sv, &c.xv):
+        raise ValueError("x overlaps conv_state")
+    _refuse_overlap(&c.wv, "weight", &c.sv, &c.ov, has_out)
+    if bias is not None:
+        _refuse_overlap(&c.bv, "bias", &c.sv, &c.ov, has_out)
+    if conv_state_indices is not None:
+        _refuse_overlap(&c.iv, "conv_state_indices", &c.sv, &c.ov, has_out)
+    if num_accepted_tokens is not None:
+        _refuse_overlap(&c.nv, "num_accepted_tokens", &c.sv, &c.ov, has_out)
+    if query_start_loc is not None:
+        _refuse_overlap(&c.qv, "query_start_loc", &c.sv, &c.ov, has_out)
+
+    c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
+    c.varlen = query_start_loc is not None
+    return 0
+
+
+cdef void _rows(const View *v, bint varlen, int64_t *sb, int64_t *st, int64_t *sd) noexcept:
+    """Strides (request, token, channel) of x or out: (B, T, D), (N, D) with
+    row = query_start_loc[i] + t, or (B, D) with one token per request."""
+    if v.ndim == 3:
+        sb[0], st[0], sd[0] = v.strides[0], v.strides[1], v.strides[2]
+    elif varlen:
+        sb[0], st[0], sd[0] = 0, v.strides[0], v.strides[1]
+    else:
+        sb[0], st[0], sd[0] = v.strides[0], 0, v.strides[1]
+
+
+cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bint zero_skipped) except -1:
+    """The one place the update's params are filled, from the checked views (x and
+    out final), then the index arrays validated in C; nothing is written."""
+    cdef gdn_update_params *p = &c.p
+    cdef int64_t bad_i = 0, bad_v = 0
+    memset(p, 0, sizeof(gdn_update_params))
+    p.batch, p.dim, p.width, p.state_len, p.num_slots, p.seqlen = c.B, c.D, c.W, c.L, c.S, c.T
+    p.pad_slot_id = c.pad_slot_id
+    p.dtype, p.weight_dtype, p.silu, p.zero_skipped = c.dt, c.wdt, c.silu, zero_skipped
+    p.x = c.xv.ptr
+    _rows(&c.xv, c.varlen, &p.x_stride_b, &p.x_stride_t, &p.x_stride_d)
+    p.out = c.ov.ptr
+    _rows(&c.ov, c.varlen, &p.out_stride_b, &p.out_stride_t, &p.out_stride_d)
+    p.conv_state = c.sv.ptr
+    p.state_stride_s, p.state_stride_l, p.state_stride_d = c.sv.strides[0], c.sv.strides[1], c.sv.strides[2]
+    p.weight = c.wv.ptr
+    p.weight_stride_d, p.weight_stride_w = c.wv.strides[0], c.wv.strides[1]
+    if has_bias:
+        p.bias = c.bv.ptr
+        p.bias_stride = c.bv.strides[0]
+    if c.varlen:
+        p.query_start_loc = <const int32_t *>c.qv.ptr
+    if has_idx:
+        p.conv_state_indices = <const int32_t *>c.iv.ptr
+    if has_nat:
+        p.num_accepted_tokens = <const int32_t *>c.nv.ptr
+    rc = gdn_update_validate(p, c.N, &bad_i, &bad_v)
+    if rc != GDN_OK:
+        _raise_index_error(rc, bad_i, bad_v, p, c.N)
+    return 0
+
+
+def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
+                      num_accepted_tokens=None, conv_state_indices=None, query_start_loc=None,
+                      pad_slot_id=-1, out=None, num_threads=None):
+    """Causal conv1d decode/speculative update with a rolling per-slot state.
+
+    Semantics follow vLLM's ``causal_conv1d_update`` (CPU and Triton paths); the
+    float64 ``gdnconv.reference.conv_update_multi_ref`` spells them out. For request ``i`` with slot ``s`` and tokens ``x_i``
+    (``T_i`` rows) the window is ``concat(conv_state[s, off:off+W-1], x_i)`` with
+    ``off = num_accepted_tokens[i] - 1`` (speculative mode) or 0 (plain decode) and
+    ``out[t, d] = act(bias[d] + sum_k weight[d, k] * window[t + k, d])``, accumulated
+    in float32 and rounded once (round-to-nearest-even) to the output dtype.
+
+    State roll, plain mode: ``conv_state[s, :W-1]`` keeps the last ``W-1`` rows of the
+    window. Speculative mode: ``conv_state[s, :W-2] <- conv_state[s, off+1:off+W-1]``
+    and ``conv_state[s, W-2:W-2+T_i] <- x_i``; later rows are untouched. A request
+    with ``T_i = 0`` or a pad slot leaves its slot untouched. The roll is a
+    bit-exact copy (NaN payloads included).
+
+    Args:
+        x: ``(B, T, D)`` tokens; ``(N, D)`` with ``query_start_loc`` (varlen); or
+            ``(B, D)``, one token per request. float32, float16 or bfloat16
+            (``ml_dtypes.bfloat16`` for NumPy), any strides; anything else goes
+            through ``np.asarray`` and must then have one of those dtypes. Read only.
+        conv_state: ``(S, L, D)`` state, updated in place (never copied), same dtype
+            as ``x``. Any strides; channels contiguous is the fast path, and vLLM's
+            ``L``-contiguous layout passed as a transposed view works too.
+        weight: ``(D, W)`` taps, ``2 <= W <= 8``; same dtype as ``x`` or float32
+            (``nn.Conv1d``'s ``(D, 1, W)`` weight: pass ``weight.squeeze(1)``).
+        bias: ``(D,)`` of ``weight``'s dtype, or None.
+        activation: None, ``"silu"`` or ``"swish"`` (same as silu); True/False as in
+            vLLM. Note the layout: ``x`` is ``(B, T, D)`` where vLLM's Triton path
+            takes ``(B, D, T)``.
+        num_accepted_tokens: ``(B,)`` integer, accepted tokens of the previous step
+            per request (``1 <= n <= L - W + 2``, not checked for pad requests);
+            None for plain decode.
+        conv_state_indices: ``(B,)`` integer slot per request; default ``arange(B)``.
+            A request whose slot equals ``pad_slot_id`` is skipped entirely.
+        query_start_loc: ``(B + 1,)`` integer offsets of each request's rows in a 2-D
+            ``x`` (starts at 0, non-decreasing, ends at ``N``); ``T_i`` may be 0.
+        pad_slot_id: slot value that marks padding (default -1).
+        out: optional array of ``x``'s shape and dtype to write into; may be ``x``
+            itself. Rows of skipped requests are left as they were (zeros in a newly
+            allocated output).
+        num_threads: threads for this call (default ``get_num_threads()``); capped by
+            the process's CPU affinity; small calls run on the calling thread.
+
+    Returns:
+        ``out`` (a new NumPy array or torch tensor like ``x`` when not given).
+
+    Raises:
+        TypeError: ``conv_state``, ``weight``, ``bias`` or ``out`` is not an
+            array/tensor (``x`` and the index arguments may be sequences NumPy
+            converts), dtypes are unsupported or mixed (``bias`` must have
+            ``weight``'s dtype), or an index array is not of an integer dtype.
+        ValueError: wrong rank or shape, ``D``/``W`` mismatch, width outside 2..8,
+            ``state_len`` too small, slot out of range or used twice, a written
+            array that overlaps itself or has non-native byte order,
+            ``num_accepted_tokens`` out of range, bad ``query_start_loc``, read-only
+            ``conv_state``/``out``, ``out`` overlapping ``conv_state`` (or ``x``
+            without being ``x``), ``x`` overlapping ``conv_state``, non-CPU tensors.
+        Nothing is written when an exception is raised.
+    """
+    cdef _Update c = _Update()
+    cdef int nthreads = _num_threads if num_threads is None else _check_threads(num_threads, "num_threads")
+    # convert first: user code (__array__) must not run once pointers are taken
+    x = _input_array(x, "x")
+    weight = _native(weight)
+    bias = _native(bias)
+    num_accepted_tokens = _index_input(num_accepted_tokens)
+    conv_state_indices = _index_input(conv_state_indices)
+    query_start_loc = _index_input(query_start_loc)
+    _check_update(c, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+                  query_start_loc, pad_slot_id, out)
+    if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
+        # channels not contiguous: a contiguous copy of x (never of out or conv_state)
+        x = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
+        _view(x, &c.xv, "x")
+    new_out = out is None
+    if new_out:
+        out = _new_like(x, &c.xv)
+        _view(out, &c.ov, "out")
+    _update_params(c, bias is not None, conv_state_indices is not None, num_accepted_tokens is not None,
+                   new_out)
+    with nogil:
+        gdn_update_run(&c.p, nthreads)
+    return out
+
+
+def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_indices=None,
+                query_start_loc=None, pad_slot_id=-1):
+    """Bytes the performance model counts for this call (int), for benchmarks.
+
+    ``e * D * sum_i (2 T_i + (W - 1) + (W - 2 + T_i))`` over requests that are not
+    skipped (``e`` bytes per element), plus ``D * W`` weight elements. Takes the
+    arguments of a ``conv_update_multi`` call, checks them the same way (same
+    exceptions) and reads nothing but the index arrays.
+    """
+    cdef _Update c = _Update()
+    x = _input_array(x, "x")
+    weight = _native(weight)
+    num_accepted_tokens = _index_input(num_accepted_tokens)
+    conv_state_indices = _index_input(conv_state_indices)
+    query_start_loc = _index_input(query_start_loc)
+    _check_update(c, x, conv_state, weight, None, None, num_accepted_tokens, conv_state_indices,
+                  query_start_loc, pad_slot_id, None)
+    c.ov = c.xv
+    _update_params(c, False, conv_state_indices is not None, num_accepted_tokens is not None, False)
+    return gdn_update_bytes(&c.p)
+
+
+cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_update_params *p, int64_t N) except -1:
+    W, L = p.width, p.state_len
+    if rc == GDN_ERR_SLOT_RANGE:
+        raise ValueError(f"conv_state_indices[{i}] = {v} is out of range: slots are 0..{p.num_slots - 1} "
+                         f"(conv_state.shape[0] = {p.num_slots}) or pad_slot_id = {p.pad_slot_id}")
+    if rc == GDN_ERR_SLOT_DUPLICATE:
+        first = 0
+        while p.conv_state_indices[first] != v:
+            first += 1
+        raise ValueError(f"conv_state_indices[{i}] = {v} repeats the slot of request {first}: "
+                         f"two requests cannot update one slot")
+    if rc == GDN_ERR_ACCEPTED_RANGE:
+        raise ValueError(f"num_accepted_tokens[{i}] = {v} is out of range [1, {L - W + 2}] for "
+                         f"state_len = {L}, width = {W}; a request with every token rejected "
+                         f"is marked with pad_slot_id instead of 0")
+    if rc == GDN_ERR_SPEC_TOKENS:
+        raise ValueError(f"request {i} has {v} tokens: speculative mode needs width - 2 + tokens "
+                         f"<= state_len ({W} - 2 + {v} > {L})")
+    if rc == GDN_ERR_QSL_START:
+        raise ValueError(f"query_start_loc[0] = {v} must be 0")
+    if rc == GDN_ERR_QSL_ORDER:
+        raise ValueError(f"query_start_loc must be non-decreasing: query_start_loc[{i}] = {v} "
+                         f"is smaller than the entry before it")
+    if rc == GDN_ERR_QSL_END:
+        raise ValueError(f"query_start_loc[{i}] = {v} must equal the number of tokens x.shape[0] = {N}")
+    if rc == GDN_ERR_NO_MEMORY:
+        raise MemoryError("no memory for the duplicate-slot check")
+    raise RuntimeError(f"gdn_update_validate returned {rc}")
+
+
+
+
+def pack_weight(weight):
+    """Weights as float32 ``(D, W)`` with taps outermost in memory (strides ``(1, D)``
+    in elements), the layout the SIMD kernels read without converting.
+
+    The result is an ordinary ``(D, W)`` array (or tensor, for a tensor input) that
+    ``conv_update_multi`` accepts anywhere a weight is; pack once, reuse every step.
+    The bias then has to be float32 too. Raises ValueError unless ``weight`` is
+    ``(D, W)`` with ``2 <= W <= 8``, TypeError for a non-float weight.
+    """
+    if _is_tensor(weight):
+        if weight.dim() != 2 or not GDN_MIN_WIDTH <= weight.shape[1] <= GDN_MAX_WIDTH:
+            raise ValueError(f"weight must have shape (D, W) with {GDN_MIN_WIDTH} <= W <= {GDN_MAX_WIDTH}, "
+                             f"got {tuple(weight.shape)}")
+        if not weight.dtype.is_floating_point:
+            raise TypeError(f"weight must be a float tensor, got dtype {weight.dtype}")
+        return weight.detach().to(_torch.float32).t().contiguous().t()
+    w = np.asarray(weight)
+    if w.ndim != 2 or not GDN_MIN_WIDTH <= w.shape[1] <= GDN_MAX_WIDTH:
+        raise ValueError(f"weight must have shape (D, W) with {GDN_MIN_WIDTH} <= W <= {GDN_MAX_WIDTH}, "
+                         f"got {w.shape}")
+    if w.dtype.kind != "f" and w.dtype.name != "bfloat16":
+        raise TypeError(f"weight must be a float array, got dtype {w.dtype}")
+    return np.ascontiguousarray(w.T, dtype=np.float32).T
