@@ -1,18 +1,15 @@
 """What ``gdnconv simulate`` and the benchmarks (``benchmarks/``) share to time honestly
-on a real, often shared, machine: the size of the last-level cache (to make the data of
-a timed call cold, as it is in a served model, where the other layers run between two
-calls of one layer), an evictor, and a meter of the CPU time other processes take
-meanwhile (on a small machine a busy neighbour makes multi-threaded calls wait for the
-scheduler and ruins a timing).
+on a real, often shared, machine: the size of the last-level cache (the benchmarks
+rotate through enough layers' arrays to make every call cold, as it is in a served
+model, where the other layers run between two calls of one layer), and a meter of the
+CPU time other processes take meanwhile (on a small machine a busy neighbour makes
+multi-threaded calls wait for the scheduler and ruins a timing).
 """
 import glob
-import math
 import os
 import time
 
-import numpy as np
-
-__all__ = ["last_level_cache_bytes", "CacheEvictor", "CpuMeter", "wait_quiet", "BUSY_PCT"]
+__all__ = ["last_level_cache_bytes", "CpuMeter", "wait_quiet", "BUSY_PCT"]
 
 BUSY_PCT = 20.0          # other processes above this % of one CPU: the timing is not trustworthy
 _FALLBACK_LLC = 32 << 20
@@ -39,21 +36,6 @@ def last_level_cache_bytes():
         except (OSError, ValueError):
             continue
     return best or _FALLBACK_LLC
-
-
-class CacheEvictor:
-    """``evict()`` writes and reads a buffer of ``factor`` times the last-level cache, so
-    data touched before the call is no longer in any cache afterwards.
-    ``nbytes`` is the buffer size."""
-
-    def __init__(self, factor=1.5):
-        self.nbytes = int(math.ceil(factor * last_level_cache_bytes() / 64)) * 64
-        self._buf = np.zeros(self.nbytes // 8, dtype=np.int64)
-        self._n = 0
-
-    def evict(self):
-        self._n += 1
-        self._buf += self._n
 
 
 class CpuMeter:
