@@ -116,6 +116,8 @@ def error_ratio(actual, reference, magnitude, dtype=None, *, silu):
 
     actual: the kernel's output (NumPy array or torch tensor); reference, magnitude:
     float64 arrays of the same shape; dtype: the output dtype (default ``actual``'s).
+    Raises ValueError when the shapes differ, TypeError for a dtype other than
+    float32, float16 or bfloat16.
     """
     a = to_numpy(actual) if _is_tensor(actual) else np.asarray(actual)
     dtype = a.dtype if dtype is None else np.dtype(dtype)
