@@ -1,7 +1,7 @@
 """Shared helpers for the gdnconv test suite.
 
 - dtype tables and bit views (states are compared bit for bit through integer views);
-- the tolerance of SPEC "Numerics" against the float64 reference;
+- (the tolerance of SPEC "Numerics" is ``gdnconv.testing``);
 - a builder of random calls (shapes, modes, layouts, pads) and a runner that checks
   one call against ``gdnconv.reference.conv_update_multi_ref``;
 - the ``isa`` fixture, parametrized over every compiled kernel;
@@ -16,18 +16,15 @@ import numpy as np
 import pytest
 
 import gdnconv
-from gdnconv.reference import conv_update_multi_ref
+from gdnconv.reference import conv_update_multi_ref, magnitude
+from gdnconv.testing import assert_bits_equal, assert_outputs_close, bits
+from gdnconv.testing import to_numpy as as_np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 DTYPES = {"fp32": F32, "fp16": F16, "bf16": BF16}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-# smallest positive subnormal of each output dtype: the floor of one ulp
-SUBNORMAL_MIN = {F32: 2.0 ** -149, F16: 2.0 ** -24, BF16: 2.0 ** -133}
-# fp32 accumulation noise per unit of sum |w_k * window_k| (plus |bias|)
-NOISE = 8 * 2.0 ** -24
-SILU_NOISE_FACTOR = 1.1
 
 
 def run_python(code, **env):
@@ -45,33 +42,6 @@ def is_tensor(a):
     return torch is not None and isinstance(a, torch.Tensor)
 
 
-def _torch_np_dtype(t):
-    import torch
-    return {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}[t.dtype]
-
-
-def bits(a):
-    """A copy of the raw bits of a float array or tensor, as unsigned integers."""
-    if is_tensor(a):
-        import torch
-        size = a.element_size()
-        raw = a.detach().view({2: torch.int16, 4: torch.int32}[size]).numpy()
-        return np.array(raw.view(_UINT[size]))
-    a = np.asarray(a)
-    return np.array(a.view(_UINT[a.dtype.itemsize]))
-
-
-def as_np(a):
-    """A NumPy copy of an array or tensor in its own dtype (bf16 -> ml_dtypes), bits kept."""
-    if a is None:
-        return None
-    if is_tensor(a):
-        if a.is_floating_point():
-            return bits(a).view(_torch_np_dtype(a))
-        return a.numpy().copy()
-    return np.array(a)
-
-
 def f64(a):
     if a is None:
         return None
@@ -79,80 +49,10 @@ def f64(a):
         return as_np(a).astype(np.float64)
 
 
-def abs64(a):
-    return None if a is None else np.abs(f64(a))
-
-
 def from_bits(u, dtype):
     """Array of dtype whose elements have the given bit patterns."""
     dtype = np.dtype(dtype)
     return np.asarray(u, dtype=_UINT[dtype.itemsize]).view(dtype)
-
-
-def assert_bits_equal(actual, expected, what="array"):
-    a, e = bits(actual), bits(expected)
-    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
-    diff = a != e
-    if diff.any():
-        idx = tuple(int(i) for i in np.argwhere(diff)[0])
-        raise AssertionError(
-            f"{what}: {int(diff.sum())} of {diff.size} elements differ bitwise; first at {idx}: "
-            f"got 0x{int(a[idx]):x} ({as_np(actual)[idx]}), expected 0x{int(e[idx]):x} "
-            f"({as_np(expected)[idx]})")
-
-
-# -------------------------------------------------------------- tolerance
-
-def allowed_error(ref, mag, dtype, silu):
-    """Per-element bound on |out - ref| (SPEC Numerics): ulp term + fp32 accumulation noise."""
-    dtype = np.dtype(dtype)
-    noise = NOISE * mag * (SILU_NOISE_FACTOR if silu else 1.0)
-    if dtype == F32:
-        ulp = 1e-5 * np.abs(ref)
-    else:
-        with np.errstate(over="ignore"):
-            rounded = np.abs(ref).astype(dtype)
-        ulp = np.spacing(rounded).astype(np.float64)
-    return np.maximum(ulp, SUBNORMAL_MIN[dtype]) + noise
-
-
-def assert_out_close(out, ref, mag, dtype, silu, rows=None, what="out"):
-    """out (array/tensor) against the float64 reference, on the rows selected by ``rows``.
-
-    NaN exactly where the reference has NaN; infinities equal; finite values within
-    ``allowed_error``; a finite reference that overflows the output dtype must give inf
-    of the same sign.
-    """
-    o = f64(out)
-    ref = np.asarray(ref, dtype=np.float64)
-    mag = np.asarray(mag, dtype=np.float64)
-    assert o.shape == ref.shape, f"{what}: shape {o.shape} != reference {ref.shape}"
-    if rows is not None:
-        o, ref, mag = o[rows], ref[rows], mag[rows]
-    nan_o, nan_r = np.isnan(o), np.isnan(ref)
-    if not np.array_equal(nan_o, nan_r):
-        i = int(np.flatnonzero(nan_o != nan_r)[0])
-        raise AssertionError(f"{what}: NaN pattern differs ({int(nan_o.sum())} NaN in out, "
-                             f"{int(nan_r.sum())} in reference); first flat index {i}: "
-                             f"got {o.flat[i]}, expected {ref.flat[i]}")
-    inf_r = np.isinf(ref)
-    assert np.array_equal(o[inf_r], ref[inf_r]), f"{what}: infinities differ"
-    with np.errstate(over="ignore"):
-        rounded = ref.astype(dtype).astype(np.float64)
-    ovf = np.isfinite(ref) & np.isinf(rounded)
-    assert np.array_equal(o[ovf], rounded[ovf]), f"{what}: overflow to inf expected"
-    chk = np.isfinite(ref) & ~ovf
-    tol = allowed_error(ref[chk], mag[chk], dtype, silu)
-    err = np.abs(o[chk] - ref[chk])
-    bad = ~(err <= tol)
-    if bad.any():
-        j = int(np.flatnonzero(bad)[0])
-        flat = int(np.flatnonzero(chk.ravel())[j])
-        pos = tuple(int(v) for v in np.unravel_index(flat, chk.shape))
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {bad.size} values out of tolerance; first at {pos} "
-            f"(of the checked rows): got {o[pos]!r}, reference {ref[pos]!r}, error {err[j]:.3g} "
-            f"> allowed {tol[j]:.3g} (max error/allowed {np.max(err / tol):.3g})")
 
 
 # -------------------------------------------------------------- reference
@@ -167,8 +67,7 @@ def reference(x, conv_state, weight, bias=None, *, activation="silu", num_accept
               conv_state_indices=None, query_start_loc=None, pad_slot_id=-1):
     """(ref_out float64, ref_state, magnitude) for one call; inputs are not modified.
 
-    magnitude = |bias| + sum_k |w_k * window_k| per output, computed by the reference
-    on absolute values without activation.
+    magnitude = |bias| + sum_k |w_k * window_k| per output (gdnconv.reference.magnitude).
     """
     kw = dict(num_accepted_tokens=_np_index(num_accepted_tokens),
               conv_state_indices=_np_index(conv_state_indices),
@@ -176,8 +75,7 @@ def reference(x, conv_state, weight, bias=None, *, activation="silu", num_accept
     x, st, w, b = as_np(x), as_np(conv_state), as_np(weight), as_np(bias)
     with np.errstate(invalid="ignore", over="ignore"):
         out, new_state = conv_update_multi_ref(x, st, w, b, activation=activation, **kw)
-        mag, _ = conv_update_multi_ref(abs64(x), abs64(st), abs64(w), abs64(b), activation=None, **kw)
-    return out, new_state, mag
+    return out, new_state, magnitude(x, st, w, b, **kw)
 
 
 def skipped_rows(x_shape, conv_state_indices=None, query_start_loc=None, pad_slot_id=-1):
@@ -321,7 +219,7 @@ def run_and_check(call, out_mode="new", num_threads=None, rng=None):
         assert isinstance(res, np.ndarray) and res.dtype == x0.dtype
     dtype = as_np(res).dtype
     silu = kw["activation"] is not None
-    assert_out_close(res, ref_out, mag, dtype, silu, rows=~skip)
+    assert_outputs_close(res, ref_out, mag, dtype, silu=silu, rows=~skip)
     if skip.any():
         if out is None:
             assert (f64(res)[skip] == 0).all(), "rows of skipped requests must be zero in a new out"

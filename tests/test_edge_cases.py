@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import gdnconv
-from conftest import (DTYPES, F16, F32, assert_bits_equal, bits, f64, make_call, reference,
-                      run_and_check)
+from gdnconv.testing import assert_bits_equal, bits
+from conftest import DTYPES, F16, F32, f64, make_call, reference, run_and_check
 
 
 @pytest.mark.parametrize("flip", ["batch", "tokens", "channels", "slots", "state-rows", "state-channels"])

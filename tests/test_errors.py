@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import gdnconv
-from conftest import (BF16, as_np, assert_bits_equal, assert_out_close, bits, make_call, reference,
-                      skipped_rows)
+from gdnconv.testing import assert_bits_equal, assert_outputs_close, bits
+from conftest import BF16, as_np, make_call, reference, skipped_rows
 
 D, W, B, T, S, L = 16, 4, 3, 2, 5, 5
 
@@ -285,7 +285,7 @@ def test_interleaved_x_and_out_in_one_buffer_accepted(isa, rng, dtype, mode):
     assert res is out
     skip = skipped_rows(call["x"].shape, call["kw"]["conv_state_indices"])
     assert skip.any()
-    assert_out_close(out, ref_out, mag, as_np(out).dtype, True, rows=~skip)
+    assert_outputs_close(out, ref_out, mag, as_np(out).dtype, silu=True, rows=~skip)
     assert np.array_equal(bits(out)[skip], out_before[skip]), "pad rows of out must be untouched"
     assert np.array_equal(bits(call["x"]), x_before), "x must not be written"
     assert_bits_equal(call["conv_state"], ref_state, "conv_state")
@@ -306,7 +306,7 @@ def test_interleaved_strided_x_and_out_accepted(isa, rng):
     res = gdnconv.conv_update_multi(call["x"], call["conv_state"], call["weight"], call["bias"],
                                     out=out, **call["kw"])
     assert res is out
-    assert_out_close(out, ref_out, mag, np.float32, True)
+    assert_outputs_close(out, ref_out, mag, np.float32, silu=True)
     assert np.array_equal(bits(call["x"]), x_before), "x must not be written"
     assert_bits_equal(call["conv_state"], ref_state, "conv_state")
 
@@ -322,5 +322,5 @@ def test_out_another_view_of_x_accepted(isa, rng):
     res = gdnconv.conv_update_multi(x, call["conv_state"], call["weight"], call["bias"], out=view,
                                     **call["kw"])
     assert res is view
-    assert_out_close(x, ref_out, mag, BF16, True)
+    assert_outputs_close(x, ref_out, mag, BF16, silu=True)
     assert_bits_equal(call["conv_state"], ref_state, "conv_state")

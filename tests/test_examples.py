@@ -1,9 +1,14 @@
-"""Hand-checkable examples: digit weights make every output spell its window."""
+"""Hand-checkable examples: digit weights make every output spell its window; and
+every Python snippet of the README runs on its own and prints what the README shows."""
+import pathlib
+import re
+
 import numpy as np
 import pytest
 
 import gdnconv
-from conftest import assert_bits_equal
+from gdnconv.testing import assert_bits_equal
+from conftest import run_python
 
 DIGITS = np.array([1.0, 10.0, 100.0, 1000.0], dtype=np.float32)  # weight[d] for W = 4
 
@@ -75,3 +80,26 @@ def test_bias_and_silu_scalar_values(isa):
     np.testing.assert_allclose(out[0, 0].astype(np.float64), expected, rtol=1e-6)
     out = gdnconv.conv_update_multi(x, np.zeros((1, 3, D), np.float32), weight, bias, activation=None)
     np.testing.assert_array_equal(out[0, 0], np.float32(-0.25 + 2.0))
+
+
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+# a ```python block followed directly by the ```text block of what it prints
+_SNIPPET = re.compile(r"```python\n(.*?)```\n```text\n(.*?)```", re.S)
+
+
+def _readme_snippets():
+    text = README.read_text()
+    found = _SNIPPET.findall(text)
+    assert len(found) == text.count("```python"), "every README Python snippet must be followed by its output"
+    return found
+
+
+@pytest.mark.parametrize("code, printed", [pytest.param(c, p, id=f"snippet{i}")
+                                           for i, (c, p) in enumerate(_readme_snippets())])
+def test_readme_snippet(code, printed):
+    """Each README snippet runs in a fresh interpreter and prints exactly what the README shows."""
+    if "import torch" in code:
+        pytest.importorskip("torch")
+    res = run_python(code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == printed, f"README shows:\n{printed}\nthe snippet printed:\n{res.stdout}"

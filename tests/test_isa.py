@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import gdnconv
-from conftest import (BF16, DTYPES, allowed_error, assert_bits_equal, f64, make_call, reference,
-                      run_and_check, run_python, skipped_rows)
+from gdnconv.testing import allowed_error, assert_bits_equal
+from conftest import BF16, DTYPES, f64, make_call, reference, run_and_check, run_python, skipped_rows
 
 def _run_python(code, isa_env):
     return run_python(code, GDNCONV_ISA=isa_env)
@@ -147,7 +147,7 @@ def test_isas_agree(rng, dtype, mode, W, activation):
     ref_out, ref_state, mag = reference(call["x"], call["conv_state"], call["weight"], call["bias"], **kw)
     skip = skipped_rows(call["x"].shape, kw["conv_state_indices"], kw["query_start_loc"])
     dt = DTYPES[dtype]
-    tol = allowed_error(ref_out[~skip], mag[~skip], dt, activation is not None)
+    tol = allowed_error(ref_out[~skip], mag[~skip], dt, silu=activation is not None)
     results = {}
     previous = gdnconv.active_isa()
     try:

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import gdnconv
-from conftest import (DTYPES, assert_bits_equal, assert_out_close, bits, f64, from_bits, make_call,
-                      reference, run_and_check)
+from gdnconv.testing import assert_bits_equal, assert_outputs_close, bits
+from conftest import DTYPES, f64, from_bits, make_call, reference, run_and_check
 
 # quiet NaN with payload, signaling NaN, negative NaN, infinities, -0, smallest subnormal
 SPECIALS = {
@@ -177,7 +177,7 @@ def test_silu_over_its_whole_range(isa, dtype):
     w = np.tile(np.array([0.0, 1.0], dt), (D, 1))
     ref_out, _, mag = reference(x, state, w, None)
     out = gdnconv.conv_update_multi(x, state.copy(), w)
-    assert_out_close(out, ref_out, mag, dt, True)
+    assert_outputs_close(out, ref_out, mag, dt, silu=True)
     xf = f64(x)[0, 0]
     o = f64(out)[0, 0]
     assert o[xf == np.inf][0] == np.inf

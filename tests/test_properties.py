@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import gdnconv
-from conftest import DTYPES, assert_bits_equal, bits, f64, make_call, reference, run_and_check
+from gdnconv.testing import assert_bits_equal, bits
+from conftest import DTYPES, f64, make_call, reference, run_and_check
 
 
 def _cpus():

@@ -9,6 +9,7 @@ import pytest
 import gdnconv
 from gdnconv import simulate
 from gdnconv.reference import causal_conv1d_ref
+from conftest import run_python
 
 
 def _run(capsys, *extra):
@@ -86,3 +87,30 @@ def test_incremental_reference_matches_whole_stream():
             np.testing.assert_allclose(ref[rows], whole, rtol=1e-12, atol=1e-12)
             history.extend(fed[:step.accepted[i]])
     assert len(streams) > 5
+
+
+def test_cli_version_and_help():
+    res = run_python("from gdnconv.__main__ import main; main(['--version'])")
+    assert res.stdout.strip() == f"gdnconv {gdnconv.__version__}"
+    res = run_python("from gdnconv.__main__ import main; main(['simulate', '--help'])")
+    assert res.returncode == 0
+    options = " ".join(res.stdout.split("options:", 1)[1].split())
+    for flag in ("--dtype", "--seed", "--batch", "--preset"):
+        text = options.split(f" {flag} ", 1)[1].split(" --", 1)[0]
+        assert text.count("default") == 1, (flag, text)
+
+
+def test_bfloat16_without_ml_dtypes_says_what_to_install():
+    res = run_python("import sys; sys.modules['ml_dtypes'] = None\n"
+                     "from gdnconv.__main__ import main; main(['simulate', '--preset', 'tiny', '--steps', '2'])")
+    assert res.returncode != 0
+    assert 'pip install "gdnconv[sim]"' in res.stderr and "--dtype float32" in res.stderr
+
+
+def test_report_says_conditions_and_warns_when_busy(capsys):
+    _, r = _run(capsys, "--no-torch")
+    assert r["conditions"].startswith("cold:")
+    assert "timing     : cold:" in simulate.format_report(r)
+    r["gdnconv"]["others_pct"] = r["busy_others_pct"] = 150.0
+    text = simulate.format_report(r)
+    assert "[other processes: 150% of a CPU]" in text and "WARNING" in text

@@ -17,7 +17,8 @@ import pytest
 
 import gdnconv
 from gdnconv.reference import causal_conv1d_ref
-from conftest import DTYPES, assert_bits_equal, assert_out_close, bits, f64, reference
+from gdnconv.testing import assert_bits_equal, assert_outputs_close, bits
+from conftest import DTYPES, f64, reference
 
 STEPS = 120
 
@@ -88,8 +89,8 @@ def test_speculative_stream(isa, dtype, W, kmax, extra):
             seq = np.concatenate([req["stream"], tokens])
             expected = causal_conv1d_ref(seq, weight, bias, "silu")[-n:]
             mag = causal_conv1d_ref(np.abs(seq), np.abs(f64(weight)), np.abs(f64(bias)), None)[-n:]
-            assert_out_close(out[rows], expected, mag, dt, True,
-                             what=f"step {step}, request in slot {s}, {n} tokens, nat {req['nat']}")
+            assert_outputs_close(out[rows], expected, mag, dt, silu=True,
+                                 err_msg=f"step {step}, request in slot {s}, {n} tokens, nat {req['nat']}")
             checked_outputs += n
             accepted = int(rng.integers(1, n + 1))
             req["stream"] = np.concatenate([req["stream"], tokens[:accepted]])

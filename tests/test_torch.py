@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import gdnconv
-from conftest import (BF16, as_np, assert_bits_equal, assert_out_close, bits, make_call, reference,
-                      run_and_check, run_python, skipped_rows)
+from gdnconv.testing import assert_bits_equal, assert_outputs_close, bits
+from conftest import BF16, as_np, make_call, reference, run_and_check, run_python, skipped_rows
 
 torch = pytest.importorskip("torch")
 
@@ -79,7 +79,7 @@ def test_state_slice_of_a_bigger_cache_slots(isa, rng, dtype):
     out = gdnconv.conv_update_multi(x, state, w, num_accepted_tokens=nat, conv_state_indices=idx)
     assert isinstance(out, torch.Tensor)
     skip = skipped_rows(tuple(x.shape), idx)
-    assert_out_close(out, ref_out, mag, as_np(out).dtype, True, rows=~skip)
+    assert_outputs_close(out, ref_out, mag, as_np(out).dtype, silu=True, rows=~skip)
     after = bits(cache)
     assert np.array_equal(after[:2], before[:2]) and np.array_equal(after[6:], before[6:])
     assert_bits_equal(cache[2:6], ref_state, "cache[2:6]")
@@ -104,7 +104,7 @@ def test_state_channel_slice_of_a_bigger_cache(isa, rng, dtype, mode):
     res = gdnconv.conv_update_multi(x, state, w, b, num_accepted_tokens=nat, conv_state_indices=idx, out=out)
     assert res is out
     skip = skipped_rows(tuple(x.shape), idx)
-    assert_out_close(out, ref_out, mag, as_np(out).dtype, True, rows=~skip)
+    assert_outputs_close(out, ref_out, mag, as_np(out).dtype, silu=True, rows=~skip)
     assert (bits(out)[skip] == 0).all()
     after = bits(cache)
     assert np.array_equal(after[:, :, :64], before[:, :, :64])
@@ -125,7 +125,7 @@ def test_state_ds_layout_tensor(isa, rng, dtype):
     nat = torch.tensor([2, 3], dtype=torch.int32)
     ref_out, ref_state, mag = reference(x, state, w, None, num_accepted_tokens=nat, conv_state_indices=idx)
     out = gdnconv.conv_update_multi(x, state, w, num_accepted_tokens=nat, conv_state_indices=idx)
-    assert_out_close(out, ref_out, mag, as_np(out).dtype, True)
+    assert_outputs_close(out, ref_out, mag, as_np(out).dtype, silu=True)
     assert_bits_equal(storage.transpose(1, 2), ref_state, "DS storage")
 
 

@@ -2,8 +2,10 @@
 Mamba-style layers (Qwen3-Next, Qwen3.5, Mamba2, ...) in decoding and speculative
 decoding. ``conv_update_multi`` follows vLLM's ``causal_conv1d_update``.
 
-The kernel (``scalar``, ``avx2``, ``avx512``) is chosen once at import: the best one
-this CPU supports, or the one named by the ``GDNCONV_ISA`` environment variable.
+The kernel (``avx512bf16``, ``avx512``, ``avx2`` or the portable ``scalar``) is chosen
+once at import: the best one this CPU supports, or the one named by the ``GDNCONV_ISA``
+environment variable. ``gdnconv.reference`` is the float64 definition of the op,
+``gdnconv.testing`` the accepted error, ``gdnconv simulate`` the main job.
 """
 import os as _os
 

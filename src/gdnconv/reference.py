@@ -2,17 +2,23 @@
 
 ref: vLLM causal_conv1d_update (vllm/model_executor/layers/mamba/ops/causal_conv1d.py).
 Slow on purpose (a Python loop over requests); tests and the simulator check the
-native kernel against it.
+native kernel against it (with the tolerance of ``gdnconv.testing``).
+
+Also here: ``torch_loop_update``, the same op as the per-request torch loop that
+serving engines run without a native kernel (the peer ``gdnconv simulate`` and the
+benchmarks time gdnconv against).
 """
 import numpy as np
 
 
 def silu(y):
-    """y * sigmoid(y) in float64, without overflow for large |y|."""
+    """y * sigmoid(y) = y / (1 + exp(-y)) in float64 (for very negative y the exponential
+    overflows to inf and the result is the correct -0; NaN and -inf give NaN)."""
     y = np.asarray(y, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        e = np.exp(-np.abs(y))
-        return y * np.where(y >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        d = np.exp(-y)
+        d += 1.0
+        return y / d
 
 
 def _act(y, activation):
@@ -71,6 +77,19 @@ def conv_update_multi_ref(x, conv_state, weight, bias=None, *, activation="silu"
     return out.reshape(x.shape), state
 
 
+def magnitude(x, conv_state, weight, bias=None, **kwargs):
+    """``|bias| + sum_k |weight[:, k] * window[k]|`` per output, float64, ``x``'s shape:
+    the scale of the float32 accumulation noise that ``gdnconv.testing`` allows.
+    Same arguments as ``conv_update_multi_ref`` (``activation`` is ignored); rows of
+    skipped requests are NaN."""
+    kwargs["activation"] = None
+    with np.errstate(invalid="ignore", over="ignore"):   # signaling NaNs warn when cast
+        absolute = [None if a is None else np.abs(np.asarray(a).astype(np.float64))
+                    for a in (x, conv_state, weight, bias)]
+        mag, _ = conv_update_multi_ref(*absolute, **kwargs)
+    return mag
+
+
 def causal_conv1d_ref(tokens, weight, bias=None, activation="silu"):
     """Causal conv1d of a whole token stream ``(n, D)`` from an all-zero history, float64.
 
@@ -85,3 +104,48 @@ def causal_conv1d_ref(tokens, weight, bias=None, activation="silu"):
     padded = np.concatenate([np.zeros((W - 1, D)), tokens])
     y = b + sum(weight[:, k] * padded[k:k + len(tokens)] for k in range(W))
     return _act(y, activation)
+
+
+def torch_loop_update(x, conv_state, weight, bias=None, *, activation="silu", num_accepted_tokens=None,
+                      conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
+    """``gdnconv.conv_update_multi`` as a Python loop over requests with torch ops
+    (``torch.cat`` + depthwise ``F.conv1d`` + state copy per request): what serving
+    engines run without a native kernel.
+
+    All arguments are torch CPU tensors (index arrays int32/int64), shapes and
+    semantics as ``gdnconv.conv_update_multi``; ``conv_state`` is updated in place;
+    returns ``out`` (a new zero tensor of ``x``'s shape when not given). No argument
+    checks: invalid input gives whatever torch raises. torch is imported here only.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    D, W = weight.shape
+    w = weight.unsqueeze(1)                      # [D, 1, W] depthwise filters
+    if out is None:
+        out = torch.zeros_like(x)
+    if query_start_loc is not None:
+        starts = query_start_loc.tolist()
+        spans = [(starts[i], starts[i + 1]) for i in range(len(starts) - 1)]
+        rows = [x[a:b] for a, b in spans]
+        outs = [out[a:b] for a, b in spans]
+    elif x.dim() == 2:
+        rows, outs = [x[i:i + 1] for i in range(x.shape[0])], [out[i:i + 1] for i in range(x.shape[0])]
+    else:
+        rows, outs = list(x), list(out)
+    slots = list(range(len(rows))) if conv_state_indices is None else conv_state_indices.tolist()
+    accepted = None if num_accepted_tokens is None else num_accepted_tokens.tolist()
+    for i, (xi, oi) in enumerate(zip(rows, outs)):
+        s, T = slots[i], xi.shape[0]
+        if T == 0 or (conv_state_indices is not None and s == pad_slot_id):
+            continue
+        off = 0 if accepted is None else accepted[i] - 1
+        window = torch.cat([conv_state[s, off:off + W - 1], xi], dim=0)           # [W-1+T, D]
+        y = F.conv1d(window.t().unsqueeze(0), w, bias, groups=D)[0].t()           # [T, D]
+        oi.copy_(F.silu(y) if activation in ("silu", "swish") else y)
+        if accepted is None:
+            conv_state[s, :W - 1] = window[-(W - 1):]
+        else:
+            conv_state[s, :W - 2] = window[1:W - 1]
+            conv_state[s, W - 2:W - 2 + T] = xi
+    return out

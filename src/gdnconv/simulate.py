@@ -9,10 +9,14 @@ zeroed and reused, and an empty batch position is passed with pad_slot_id.
 
 Only the conv_update_multi call is timed. With --check (the default) every output of
 every step is compared with a float64 reference computed from each request's own
-accepted-token history (never from the kernel's state), in units of the accepted tolerance (README, Numerics);
-the exit status is nonzero when any output is out of tolerance. When torch is
-installed, the same steps (same inputs) are replayed through the per-request torch loop
-that serving engines run without a native kernel, for comparison.
+accepted-token history (never from the kernel's state), in units of the accepted
+tolerance (gdnconv.testing); the exit status is nonzero when any output is out of
+tolerance. When torch is installed, the same steps (same inputs) are replayed through
+the per-request torch loop that serving engines run without a native kernel
+(gdnconv.reference.torch_loop_update), under the same conditions: its outputs are
+checked between its steps too, so both sides find their data pushed out of the
+caches by the check, as the other layers of a model would push it out. The CPU time
+other processes take meanwhile is measured; a busy machine is reported.
 """
 import argparse
 import json
@@ -24,10 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 import gdnconv
+from gdnconv.reference import silu, torch_loop_update
+from gdnconv.testing import as_torch, error_ratio
+from gdnconv.timing import BUSY_PCT, CpuMeter
 
 try:
     import ml_dtypes
-except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+except ImportError:
     ml_dtypes = None
 
 
@@ -48,15 +55,14 @@ PRESETS = {
 
 DTYPES = ("bfloat16", "float16", "float32")
 PAD_SLOT_ID = -1
-NOISE = 8 * 2.0 ** -24      # fp32 accumulation noise allowed, per unit of sum |w * window|
-FP32_RTOL = 1e-5            # fp32 outputs within 1e-5 relative (README, Numerics)
 
 
 def numpy_dtype(name):
     """NumPy dtype for a --dtype name (bfloat16 is ml_dtypes.bfloat16)."""
     if name == "bfloat16":
         if ml_dtypes is None:
-            raise SystemExit("bfloat16 needs the ml_dtypes package")
+            raise SystemExit('gdnconv simulate: bfloat16 needs the ml_dtypes package: pip install "gdnconv[sim]", '
+                             'or run with --dtype float32')
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -186,24 +192,11 @@ def make_model(rng, dim, width, dtype, pool_size):
 
 # ---------------------------------------------------------------------------- checking
 
-def silu64(y):
-    """``y * sigmoid(y)`` in float64, in place on ``y`` (``y / (1 + exp(-y))``; for very
-    negative ``y`` the exponential overflows to inf and the result is the correct -0)."""
-    with np.errstate(over="ignore"):
-        d = np.exp(np.negative(y))
-        d += 1.0
-        y /= d
-    return y
-
-
 class Checker:
     """Compares a step's outputs with the float64 ground truth of the reference formula,
     ``silu(bias + sum_k weight[:, k] * window[k])`` over each request's own accepted
-    history, in units of the accepted tolerance (1.0 = at the limit).
-
-    Tolerance per output: bf16/fp16: one unit in the last place of the rounded
-    reference; fp32: ``1e-5 * |ref|``; plus, for all, fp32 accumulation noise
-    ``8 * 2**-24 * (|bias| + sum_k |weight[:, k] * window[k]|)``.
+    history, in units of the accepted tolerance (``gdnconv.testing.error_ratio``;
+    1.0 = at the limit).
     """
 
     def __init__(self, weight, bias, pool64, dtype):
@@ -211,7 +204,6 @@ class Checker:
         self.b = np.asarray(bias, dtype=np.float64)
         self.pool64 = pool64
         self.dtype = dtype
-        self.half = dtype != np.float32
         self.max_ratio = 0.0
         self.max_abs = 0.0
         self.worst = None          # where max_ratio was seen
@@ -227,15 +219,7 @@ class Checker:
             term = self.wT[k] * self.pool64[windows[:, k]]
             pre += term
             mag += np.abs(term)
-        return silu64(pre), mag
-
-    def tolerance(self, ref, mag):
-        """The allowed absolute error for each output (README, Numerics)."""
-        if self.half:
-            ulp = np.spacing(np.abs(ref.astype(self.dtype))).astype(np.float64)
-        else:
-            ulp = FP32_RTOL * np.abs(ref)
-        return ulp + NOISE * mag
+        return silu(pre), mag
 
     def check(self, index, step, out):
         """Check every live output of step ``index`` (``out`` is the kernel's (N, D)
@@ -248,8 +232,7 @@ class Checker:
         ref, mag = self.reference(step.windows)
         got = out[step.rows].astype(np.float64)
         err = np.abs(got - ref)
-        ratio = err / self.tolerance(ref, mag)
-        ratio[np.isnan(ratio)] = np.inf                 # NaN out (or a NaN ref) fails
+        ratio = error_ratio(out[step.rows], ref, mag, self.dtype, silu=True)
         self.outputs += ratio.size
         j = int(np.argmax(ratio))
         if ratio.flat[j] > self.max_ratio or self.worst is None:
@@ -297,13 +280,16 @@ def _stats(ns, tokens):
 def run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads, checker, snapshot_at,
                 progress):
     """Run every step through ``gdnconv.conv_update_multi``; returns (ns per step,
-    bytes per step, state snapshot after ``snapshot_at`` steps, seconds spent checking)."""
+    bytes per step, state snapshot after ``snapshot_at`` steps, seconds spent checking,
+    % of a CPU other processes used meanwhile)."""
     kernel = gdnconv.conv_update_multi
     ns = np.zeros(len(schedule), dtype=np.int64)
     nbytes = np.zeros(len(schedule), dtype=np.int64)
     snapshot = None
     check_s = 0.0
     bar = _progress(len(schedule), "gdnconv", progress)
+    meter = CpuMeter()
+    m0 = meter.mark()
     for i, step in enumerate(schedule):
         # -- untimed: slot resets, inputs, index arrays, output sentinel
         if len(step.resets):
@@ -331,29 +317,24 @@ def run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads, ch
             snapshot = state.copy()
         if bar is not None:
             bar.update()
+    others = meter.others_pct(m0, meter.mark())
     if bar is not None:
         bar.close()
-    return ns, nbytes, snapshot, check_s
+    return ns, nbytes, snapshot, check_s, others
 
 
-def run_torch(schedule, state_shape, weight, bias, pool, dtype, threads, progress):
+def run_torch(schedule, state_shape, weight, bias, pool, dtype, threads, checker, progress):
     """Replay ``schedule`` (same inputs, slot resets and index arrays) through the
-    per-request torch loop on torch tensors; returns (ns per step, final state as NumPy)."""
+    per-request torch loop on torch tensors, with ``checker`` (if any) run on its outputs
+    between steps as for gdnconv; returns (ns per step, final state as NumPy, % of a CPU
+    other processes used meanwhile)."""
     import torch
-
-    from .peers import torch_loop_update
-
-    def as_tensor(a):
-        """Zero-copy torch view of a NumPy array (bfloat16 through its bits)."""
-        if a.dtype.name == "bfloat16":
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
 
     state = np.zeros(state_shape, dtype=dtype)
     x_buf = np.empty((max(len(s.tokens) for s in schedule) or 1, pool.shape[1]), dtype=dtype)
     out_buf = np.zeros_like(x_buf)
-    state_t, x_t, out_t = as_tensor(state), as_tensor(x_buf), as_tensor(out_buf)
-    weight_t, bias_t = as_tensor(np.ascontiguousarray(weight)), as_tensor(np.ascontiguousarray(bias))
+    state_t, x_t, out_t = as_torch(state), as_torch(x_buf), as_torch(out_buf)
+    weight_t, bias_t = as_torch(np.ascontiguousarray(weight)), as_torch(np.ascontiguousarray(bias))
     index_t = [(torch.from_numpy(s.num_accepted), torch.from_numpy(s.slots), torch.from_numpy(s.query_start_loc))
                for s in schedule]
 
@@ -370,24 +351,31 @@ def run_torch(schedule, state_shape, weight, bias, pool, dtype, threads, progres
                               query_start_loc=index_t[i][2], pad_slot_id=PAD_SLOT_ID, out=out_t[:n])
         ns = np.zeros(len(schedule), dtype=np.int64)
         bar = _progress(len(schedule), "torch loop", progress)
+        meter = CpuMeter()
+        m0 = meter.mark()
         for i, step in enumerate(schedule):
             if len(step.resets):
                 state[step.resets] = 0
             n = len(step.tokens)
             np.take(pool, step.tokens, axis=0, out=x_buf[:n])
+            if checker is not None:
+                out_buf[:n] = np.nan
             acc_t, slots_t, qsl_t = index_t[i]
             t0 = time.perf_counter_ns()
             torch_loop_update(x_t[:n], state_t, weight_t, bias_t, activation="silu",
                               num_accepted_tokens=acc_t, conv_state_indices=slots_t,
                               query_start_loc=qsl_t, pad_slot_id=PAD_SLOT_ID, out=out_t[:n])
             ns[i] = time.perf_counter_ns() - t0
+            if checker is not None:
+                checker.check(i, step, out_buf[:n])
             if bar is not None:
                 bar.update()
+        others = meter.others_pct(m0, meter.mark())
         if bar is not None:
             bar.close()
     finally:
         torch.set_num_threads(old_threads)
-    return ns, state
+    return ns, state, others
 
 
 def _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, threads):
@@ -448,8 +436,8 @@ def simulate(args):
 
     checker = Checker(weight, bias, pool64, dtype) if args.check else None
     _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, threads)
-    ns, nbytes, snapshot, check_s = run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads,
-                                                checker, torch_steps, args.progress)
+    ns, nbytes, snapshot, check_s, others = run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf,
+                                                        threads, checker, torch_steps, args.progress)
     live = np.array([s.live_tokens for s in schedule])
     entries = sum(len(s.slots) for s in schedule)
     pads = sum(int(np.count_nonzero(s.slots == PAD_SLOT_ID)) for s in schedule)
@@ -473,18 +461,28 @@ def simulate(args):
             "mean_accepted": float(accepted.mean()) if accepted.size else 0.0,
         },
     }
+    result["conditions"] = (
+        "cold: the check between timed steps pushes each step's data out of the caches, as a model's "
+        "other layers would; the same for the torch loop"
+        if checker is not None else
+        "warm: nothing runs between timed steps (--no-check), so each step finds its data in the caches")
     gd = _stats(ns, live)
     gd["gb_per_s"] = float(nbytes.sum() / (ns.sum() * 1e-9) / 1e9) if ns.sum() else 0.0
+    gd["others_pct"] = others
     result["gdnconv"] = gd
 
     result["torch"] = None
     result["speedup"] = None
     torch_state_match = None
     if torch_steps:
-        t_ns, t_state = run_torch(schedule[:torch_steps], state.shape, weight, bias, pool, dtype, threads,
-                                  args.progress)
+        t_checker = Checker(weight, bias, pool64, dtype) if checker is not None else None
+        t_ns, t_state, t_others = run_torch(schedule[:torch_steps], state.shape, weight, bias, pool, dtype,
+                                            threads, t_checker, args.progress)
         result["torch"] = _stats(t_ns, live[:torch_steps])
         result["torch"]["replayed_steps"] = torch_steps
+        result["torch"]["others_pct"] = t_others
+        if t_checker is not None:   # information only: torch rounds conv1d's and silu's outputs separately
+            result["torch"]["max_error_ratio"] = t_checker.max_ratio
         same = _stats(ns[:torch_steps], live[:torch_steps])
         result["speedup"] = {
             "steps": torch_steps,
@@ -509,6 +507,8 @@ def simulate(args):
     else:
         result["check"] = {"enabled": False}
     result["ok"] = ok
+    busy = [p for p in (others, (result["torch"] or {}).get("others_pct")) if p is not None and p > BUSY_PCT]
+    result["busy_others_pct"] = max(busy) if busy else None
     result["wall_s"] = time.perf_counter() - t_start
     return result
 
@@ -532,17 +532,20 @@ def format_report(r):
         f"  {w['requests']} requests ({w['slot_resets']} slot resets), {w['live_tokens']} tokens "
         f"({w['tokens_per_step']:.1f}/step), {w['mean_accepted']:.2f} accepted/request-step, "
         f"{100 * w['pad_fraction']:.1f}% pad entries",
+        f"timing     : {r['conditions']}",
         f"gdnconv    : {_si(g['tokens_per_s'])} tokens/s, step median {g['median_us']:.1f} us, "
-        f"p99 {g['p99_us']:.1f} us, {g['gb_per_s']:.1f} GB/s (kernel call only)",
+        f"p99 {g['p99_us']:.1f} us, {g['gb_per_s']:.1f} GB/s (kernel call only){_busy(g['others_pct'])}",
     ]
+    cond = r["conditions"].split(":")[0]
     t = r["torch"]
     if t is not None:
         part = "" if t["replayed_steps"] == c["steps"] else f", first {t['replayed_steps']} of {c['steps']} steps"
         lines.append(f"torch loop : {_si(t['tokens_per_s'])} tokens/s, step median {t['median_us']:.1f} us, "
-                     f"p99 {t['p99_us']:.1f} us (same inputs replayed{part})")
+                     f"p99 {t['p99_us']:.1f} us (same inputs replayed{part}){_busy(t['others_pct'])}")
         s = r["speedup"]
         lines.append(f"speed-up   : gdnconv is {s['total_time_ratio']:.1f}x faster "
-                     f"({s['median_latency_ratio']:.1f}x on median step latency) over {s['steps']} steps")
+                     f"({s['median_latency_ratio']:.1f}x on median step latency) over {s['steps']} steps, "
+                     f"both {cond}" + ("; NOT TRUSTWORTHY, the machine was busy" if r["busy_others_pct"] else ""))
     else:
         lines.append(f"torch loop : skipped, {r.get('torch_note')}")
     k = r["check"]
@@ -563,32 +566,51 @@ def format_report(r):
     else:
         lines.append("check      : disabled (--no-check)")
     lines.append(f"wall time  : {r['wall_s']:.1f} s" + (f" ({k['seconds']:.1f} s checking)" if k["enabled"] else ""))
+    if r["busy_others_pct"]:
+        lines.append(f"WARNING: other processes used up to {r['busy_others_pct']:.0f}% of a CPU while this ran; "
+                     f"the timings and the speed-up are not trustworthy (run again on a quiet machine)")
     return "\n".join(lines)
+
+
+def _busy(pct):
+    """A note for a result line timed while other processes used more than BUSY_PCT % of a CPU."""
+    if pct is None or not pct > BUSY_PCT:
+        return ""
+    return f" [other processes: {pct:.0f}% of a CPU]"
 
 
 def add_arguments(parser):
     """Add the simulator's options to an argparse parser."""
     parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-next",
-                        help="model shape: " + "; ".join(f"{k}: {v.about}" for k, v in PRESETS.items()))
+                        help="model shape (default: %(default)s): "
+                             + "; ".join(f"{k}: {v.about}" for k, v in PRESETS.items()))
     parser.add_argument("--dim", type=int, default=None, help="override the preset's conv channels D")
     parser.add_argument("--width", type=int, default=None, help="override the preset's kernel width W")
-    parser.add_argument("--batch", type=int, default=16, help="batch positions (fixed, CUDA-graph style)")
+    parser.add_argument("--batch", type=int, default=16,
+                        help="batch positions (fixed, CUDA-graph style; default: %(default)s)")
     parser.add_argument("--drafts", type=int, default=3,
-                        help="max draft tokens per request per step (each request draws 0..drafts)")
-    parser.add_argument("--accept-rate", type=float, default=0.7, help="probability each draft is accepted")
-    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+                        help="max draft tokens per request per step (each request draws 0..drafts; "
+                             "default: %(default)s)")
+    parser.add_argument("--accept-rate", type=float, default=0.7,
+                        help="probability each draft is accepted (default: %(default)s)")
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16",
+                        help="dtype of the inputs, weights, state and outputs (default: %(default)s; "
+                             "bfloat16 needs ml_dtypes)")
     parser.add_argument("--steps", type=int, default=None, help="decode steps (default: the preset's)")
     parser.add_argument("--slots", type=int, default=None, help="conv-state slots in the pool (default: 2*batch)")
     parser.add_argument("--mean-life", type=int, default=None,
                         help="mean request lifetime in steps (default: steps/8, within 4..64)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the workload and the random data (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="kernel threads (default: gdnconv's default)")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
-                        help="verify every output against the float64 reference")
+                        help="verify every output against the float64 reference (between timed steps, so the timed "
+                             "calls find cold caches)")
     parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True,
-                        help="replay the workload through the per-request torch loop")
+                        help="replay the workload through the per-request torch loop (when torch is installed)")
     parser.add_argument("--torch-steps", type=int, default=300,
-                        help="replay at most this many (leading) steps through the torch loop")
+                        help="replay at most this many (leading) steps through the torch loop "
+                             "(default: %(default)s)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="progress bar on stderr (tqdm; off when not a tty)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")

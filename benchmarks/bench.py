@@ -1,36 +1,40 @@
+#!/usr/bin/env python
 """Benchmark ``conv_update_multi`` against a plain copy of the same bytes and the
 per-request torch loop, for every SIMD path this CPU runs.
+
+    python benchmarks/bench.py --batch 1 4 16 64 --dim 8192 --tokens 4 --dtype bfloat16
 
 Sweeps batch B, channels D, tokens per request T and dtype (every axis can be
 restricted), in speculative mode by default: W=4, state length L = W-2+T (the
 history rows plus this step's tokens, as vLLM sizes it), num_accepted_tokens drawn
 in [1, L-W+2] per request, and the B state rows in a random permutation of the
 B cache slots (conv_state_indices), channels contiguous. Plain mode uses L = W-1
-and no num_accepted_tokens. Each ISA reuses one preallocated ``out`` (--alloc-out
-measures a fresh output per call instead).
+and no num_accepted_tokens. Each ISA reuses one preallocated ``out`` per layer
+(--alloc-out measures a fresh output per call instead).
+
+Engine-like cold mode (the default): each call goes to the next of enough layers'
+separate arrays (state, x, out, weights; together 4x the last-level cache) that it
+finds its data evicted, as in a served model where the other layers run between two
+calls of one layer; the torch loop and the copy rotate the same way. --warm times
+repeated calls on the same arrays instead (data in the caches). The mode is printed.
 
 Reported per configuration and ISA: microseconds per call (median over repeats,
 argument checks included), GB/s of the byte count of gdnconv.bytes_moved, the
 time relative to a plain copy of that many bytes (the faster of np.copyto and
 torch's copy_; the copy reads and writes that many bytes each, so it moves twice
 the traffic of the count: x copy < 1 is possible), and the speedup over the
-per-request torch loop (gdnconv.peers.torch_loop_update on the same memory as
+per-request torch loop (gdnconv.reference.torch_loop_update on the same memory as
 torch tensors; skipped at B=256 unless --torch-all).
 
 Timing: every callable is warmed up, then calibrated to a batch of calls lasting
 at least --sample-us; each sample is one untimed call, then one batch divided by
 its count (time.perf_counter_ns). Repeats are interleaved in one process (each
 ISA, then the copies, then the torch loop) and medians are reported. The untimed
-call makes every sample start warm, whatever ran before it (but a torch loop
-call too slow to repeat is its own cold sample, see below): without it a sample
-of one call (B=16 on the portable kernel, the torch loop) times a first call
-after the copies have pushed its data out of the caches and the other thread
-pool's workers still spin, while a batch of many short calls mostly times warm
-ones (--cold-samples drops it); the number of repeats
-adapts to --budget seconds per configuration unless --repeats is given. A
-correctness check runs once per configuration before timing (--no-check skips
-it): every ISA on the full batch against the float64 reference for up to 16
-sampled requests.
+call wakes the thread pools whatever ran before (--cold-samples drops it); the
+number of repeats adapts to --budget seconds per configuration unless --repeats is
+given. A correctness check runs once per configuration before timing (--no-check
+skips it): every ISA on the full batch against the float64 reference for up to 16
+sampled requests, with gdnconv.testing's tolerance.
 
 A torch loop call slower than half the budget (fp16 conv1d on CPU costs ~40 ms a
 request) is timed once. Every row also records the CPU time other processes used
@@ -46,6 +50,7 @@ against batch per ISA (--plot).
 import argparse
 import datetime
 import gc
+import itertools
 import json
 import math
 import os
@@ -56,7 +61,10 @@ import time
 
 import numpy as np
 
-__all__ = ["add_arguments", "run", "main"]
+from gdnconv.reference import conv_update_multi_ref, magnitude, torch_loop_update
+from gdnconv.testing import as_torch, error_ratio
+from gdnconv.timing import BUSY_PCT, CpuMeter, wait_quiet
+from harness import Rotation, add_mode_arguments, calibrate, copy_same_bytes, cycle, sample_ns, stats
 
 DEFAULT_BATCH = (1, 4, 16, 64, 256)
 DEFAULT_DIM = (2048, 8192, 10240)
@@ -72,7 +80,7 @@ _DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
                   "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
                   "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
-_CSV_FIELDS = ["dtype", "D", "T", "B", "W", "L", "mode", "activation", "bias", "weight", "threads", "isa",
+_CSV_FIELDS = ["dtype", "D", "T", "B", "W", "L", "mode", "cache", "layers", "activation", "bias", "weight", "threads", "isa",
                "bytes", "us", "us_min", "spread_pct", "gbps", "copy_us", "copy_np_us", "copy_torch_us",
                "copy_gbps", "x_copy", "loop_us", "loop_gbps", "loop_speedup", "repeats", "loop_repeats",
                "calls_per_sample", "others_pct", "check"]
@@ -95,19 +103,13 @@ def _import_torch():
     return torch
 
 
-def _as_torch(torch, a):
-    """A torch tensor sharing ``a``'s memory (bf16 NumPy arrays go through uint16)."""
-    if a is None:
-        return None
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
-
-
 class Case:
-    """One configuration: its arrays and the byte count."""
+    """One configuration: its layers' arrays (``layers`` dicts of x, state, weight_raw,
+    weight, bias, bias_k, out; the index arrays are shared, as in an engine) and the byte
+    count of one call."""
 
-    def __init__(self, dtype, D, T, B, W, mode, activation, bias, weight_kind, alloc_out, rng):
+    def __init__(self, dtype, D, T, B, W, mode, activation, bias, weight_kind, alloc_out, rng, rotation):
+        import gdnconv
         self.dtype, self.D, self.T, self.B, self.W = dtype, D, T, B, W
         self.mode, self.activation, self.bias_on = mode, activation, bias
         self.weight_kind, self.alloc_out = weight_kind, alloc_out
@@ -115,70 +117,92 @@ class Case:
         self.L = max(self.L, W - 1)
         dt = _np_dtype(dtype)
         S = B
-        self.x = rng.standard_normal((B, T, D), dtype=np.float32).astype(dt)
-        self.state = rng.standard_normal((S, self.L, D), dtype=np.float32).astype(dt)
-        self.weight_raw = (rng.standard_normal((D, W), dtype=np.float32) / math.sqrt(W)).astype(dt)
-        self.bias = (0.1 * rng.standard_normal(D, dtype=np.float32)).astype(dt) if bias else None
+        first = dict(
+            x=rng.standard_normal((B, T, D), dtype=np.float32).astype(dt),
+            state=rng.standard_normal((S, self.L, D), dtype=np.float32).astype(dt),
+            weight_raw=(rng.standard_normal((D, W), dtype=np.float32) / math.sqrt(W)).astype(dt),
+            bias=(0.1 * rng.standard_normal(D, dtype=np.float32)).astype(dt) if bias else None)
         self.idx = rng.permutation(S).astype(np.int32)
-        if mode == "spec":
-            self.na = rng.integers(1, self.L - W + 3, size=B).astype(np.int32)
-        else:
-            self.na = None
-        self.out = np.zeros_like(self.x)
+        self.na = rng.integers(1, self.L - W + 3, size=B).astype(np.int32) if mode == "spec" else None
         self.act = None if activation == "none" else activation
+        self.layers = [self._layer(first)]
+        layer_bytes = sum(a.nbytes for a in self.layers[0].values() if a is not None)
+        for _ in range(rotation.layers(layer_bytes) - 1):
+            self.layers.append(self._layer({k: None if v is None else v.copy() for k, v in first.items()}))
+        self.turn = itertools.cycle(range(len(self.layers)))   # shared by every peer on these layers
+        self.nbytes = int(gdnconv.bytes_moved(first["x"], first["state"], first["weight_raw"],
+                                              num_accepted_tokens=self.na, conv_state_indices=self.idx))
+
+    def _layer(self, arrays):
         import gdnconv
-        self.weight = gdnconv.pack_weight(self.weight_raw) if weight_kind == "packed" else self.weight_raw
+        layer = dict(arrays, out=np.zeros_like(arrays["x"]))
+        layer["weight"] = gdnconv.pack_weight(arrays["weight_raw"]) if self.weight_kind == "packed" \
+            else arrays["weight_raw"]
         # the kernel's bias has the kernel weight's dtype (float32 next to packed weights)
-        self.bias_k = None if self.bias is None else self.bias.astype(self.weight.dtype)
-        self.nbytes = int(gdnconv.bytes_moved(self.x, self.state, self.weight_raw, num_accepted_tokens=self.na,
-                                              conv_state_indices=self.idx))
+        layer["bias_k"] = None if arrays["bias"] is None else arrays["bias"].astype(layer["weight"].dtype)
+        return layer
 
     def kernel(self):
+        """gdnconv on each layer in turn."""
         import gdnconv
-        f = gdnconv.conv_update_multi
-        x, st, w, b, act, na, idx = self.x, self.state, self.weight, self.bias_k, self.act, self.na, self.idx
-        if self.alloc_out:
-            return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
-        out = self.out
-        return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=out)
+        f, act, na, idx = gdnconv.conv_update_multi, self.act, self.na, self.idx
+
+        def call(ly):
+            x, st, w, b, out = ly["x"], ly["state"], ly["weight"], ly["bias_k"], ly["out"]
+            if self.alloc_out:
+                return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
+            return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=out)
+        return cycle((call(ly) for ly in self.layers), self.turn)
 
     def torch_loop(self, torch):
-        from .peers import torch_loop_update
-        x, st, w = _as_torch(torch, self.x), _as_torch(torch, self.state), _as_torch(torch, self.weight_raw)
-        b, act = _as_torch(torch, self.bias), self.act
+        """The per-request torch loop on each layer's memory in turn."""
+        act = self.act
         na = None if self.na is None else torch.from_numpy(self.na)
         idx = torch.from_numpy(self.idx)
-        out = _as_torch(torch, np.zeros_like(self.x))
-        return lambda: torch_loop_update(x, st, w, b, activation=act, num_accepted_tokens=na,
-                                         conv_state_indices=idx, out=out)
+
+        def call(ly):
+            x, st, w, b = as_torch(ly["x"]), as_torch(ly["state"]), as_torch(ly["weight_raw"]), as_torch(ly["bias"])
+            out = as_torch(ly["out"])
+            return lambda: torch_loop_update(x, st, w, b, activation=act, num_accepted_tokens=na,
+                                             conv_state_indices=idx, out=out)
+        return cycle((call(ly) for ly in self.layers), self.turn)
+
+    def kernel_from_tensors(self, torch):
+        """gdnconv on torch tensors over each layer's memory in turn (with out=)."""
+        import gdnconv
+        f, act = gdnconv.conv_update_multi, self.act
+        na = None if self.na is None else torch.from_numpy(self.na)
+        idx = torch.from_numpy(self.idx)
+
+        def call(ly):
+            x, st, w, b, out = (as_torch(ly[k]) for k in ("x", "state", "weight", "bias_k", "out"))
+            return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=out)
+        return cycle((call(ly) for ly in self.layers), self.turn)
 
     def check(self, isas, max_requests=16):
-        """Each ISA on the full batch from the same starting state, against the float64
-        reference for up to ``max_requests`` sampled requests (requests are independent):
-        outputs within tolerance, states bit-identical. Returns 'ok' or what went wrong."""
+        """Each ISA on the full batch of the first layer from the same starting state,
+        against the float64 reference for up to ``max_requests`` sampled requests
+        (requests are independent): outputs within gdnconv.testing's tolerance, states
+        bit-identical. Returns 'ok' or what went wrong."""
         import gdnconv
-        from .reference import conv_update_multi_ref
+        ly = self.layers[0]
         B = self.B
         sel = np.arange(B) if B <= max_requests else np.sort(
             np.random.default_rng(B).choice(B, max_requests, replace=False))
         slots = self.idx[sel]
-        ref_out, ref_state = conv_update_multi_ref(
-            self.x[sel], self.state, self.weight_raw, self.bias, activation=self.act,
-            num_accepted_tokens=None if self.na is None else self.na[sel], conv_state_indices=slots)
-        if self.dtype == "float32":
-            rtol, atol = 1e-5, 1e-6
-        else:   # one unit in the last place (bf16 2^-7, fp16 2^-10 relative) plus accumulation noise
-            rtol, atol = (2.0 ** -7 if self.dtype == "bfloat16" else 2.0 ** -10), 1e-5
+        kw = dict(num_accepted_tokens=None if self.na is None else self.na[sel], conv_state_indices=slots)
+        ref_out, ref_state = conv_update_multi_ref(ly["x"][sel], ly["state"], ly["weight_raw"], ly["bias"],
+                                                   activation=self.act, **kw)
+        mag = magnitude(ly["x"][sel], ly["state"], ly["weight_raw"], ly["bias"], **kw)
         bad = []
         for isa in isas:
             gdnconv.set_isa(isa)
-            st = self.state.copy()
-            out = gdnconv.conv_update_multi(self.x, st, self.weight, self.bias_k, activation=self.act,
+            st = ly["state"].copy()
+            out = gdnconv.conv_update_multi(ly["x"], st, ly["weight"], ly["bias_k"], activation=self.act,
                                             num_accepted_tokens=self.na, conv_state_indices=self.idx)
-            err = np.abs(out[sel].astype(np.float64) - ref_out)
-            lim = atol + rtol * np.abs(ref_out)
-            if not np.all(err <= lim):
-                bad.append(f"{isa}: out off by up to {float(np.max(err / lim)):.2f}x the tolerance")
+            ratio = error_ratio(out[sel], ref_out, mag, silu=self.act is not None)
+            if not np.all(ratio <= 1.0):
+                bad.append(f"{isa}: out off by up to {float(np.max(ratio)):.2f}x the tolerance")
             if not np.array_equal(st[slots].view(np.uint8), ref_state[slots].view(np.uint8)):
                 bad.append(f"{isa}: state differs from the reference roll")
         return "ok" if not bad else "; ".join(bad)
@@ -186,85 +210,17 @@ class Case:
 
 # ----------------------------------------------------------------------------- timing
 
-class CpuMeter:
-    """CPU time other processes used while we measured (Linux /proc/stat), in percent
-    of one CPU: a busy neighbour on a 2-core machine ruins multi-threaded timings."""
-
-    def __init__(self):
-        try:
-            self._tick = os.sysconf("SC_CLK_TCK")
-            self._read_busy()
-            self.ok = True
-        except (OSError, ValueError, AttributeError, IndexError):
-            self.ok = False
-
-    def _read_busy(self):
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]   # user nice system idle iowait irq softirq steal
-        return (sum(v) - v[3] - v[4]) / self._tick
-
-    def mark(self):
-        if not self.ok:
-            return None
-        t = os.times()
-        return self._read_busy(), t.user + t.system, time.perf_counter()
-
-    def others_pct(self, a, b):
-        if a is None or b is None or b[2] <= a[2]:
-            return float("nan")
-        return max(0.0, (b[0] - a[0]) - (b[1] - a[1])) / (b[2] - a[2]) * 100.0
-
-
-def _sample_ns(fn, n, warm=False):
-    if warm:      # one untimed call: the sample starts warm whatever ran before it
-        fn()
-    t0 = time.perf_counter_ns()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter_ns() - t0) / n
-
-
-_SLOW_NS = 50e6
-
-
-def _calibrate(fn, sample_ns):
-    """Warm up, then the number of calls per sample and the estimated ns per call.
-    A callable slower than one sample is called only twice (warm-up, then timed), one
-    slower than _SLOW_NS only once."""
-    t = _sample_ns(fn, 1)
-    if t >= _SLOW_NS:           # very slow (the fp16 torch loop): the first call is the estimate
-        return 1, t
-    t = _sample_ns(fn, 1)
-    if t >= sample_ns:
-        return 1, t
-    n_warm = max(2, min(50, int(20e6 / max(t, 1))))   # about 20 ms of warm-up, 2..50 calls
-    _sample_ns(fn, n_warm)
-    t = min(_sample_ns(fn, 1) for _ in range(3))
-    n = max(1, math.ceil(sample_ns / max(t, 1)))
-    t = _sample_ns(fn, n)
-    n = max(1, math.ceil(sample_ns / max(t, 1)))
-    return n, t
-
-
-def _stats(samples):
-    s = sorted(samples)
-    med = statistics.median(s)
-    q1, q3 = np.percentile(s, [25, 75]) if len(s) > 1 else (med, med)
-    return med, s[0], 100.0 * (q3 - q1) / med if med > 0 else 0.0
-
-
-def bench_case(case, isas, args, torch):
+def bench_case(case, isas, args, torch, rotation):
     """Time one configuration; returns one row per ISA."""
     import gdnconv
-    sample_ns = args.sample_us * 1e3
+    target_ns = args.sample_us * 1e3
     timers = []   # (key, fn, isa or None)
     for isa in isas:
         timers.append((("kernel", isa), case.kernel(), isa))
-    copies = [("copy_np", gdnconv_peers_copy(case.nbytes, False))]
+    copy_layers = rotation.layers(2 * case.nbytes)
+    timers.append(("copy_np", copy_same_bytes(case.nbytes, copy_layers), None))
     if torch is not None:
-        copies.append(("copy_torch", gdnconv_peers_copy(case.nbytes, True)))
-    for key, fn in copies:
-        timers.append((key, fn, None))
+        timers.append(("copy_torch", copy_same_bytes(case.nbytes, copy_layers, use_torch=True), None))
     do_loop = torch is not None and not args.no_torch and (case.B < 256 or args.torch_all)
     loop_fn = case.torch_loop(torch) if do_loop else None
 
@@ -272,7 +228,7 @@ def bench_case(case, isas, args, torch):
     for key, fn, isa in timers:
         if isa is not None:
             gdnconv.set_isa(isa)
-        calls[key], est[key] = _calibrate(fn, sample_ns)
+        calls[key], est[key] = calibrate(fn, target_ns)
     warm = not args.cold_samples
     cost = sum((calls[k] + warm) * est[k] for k, _, _ in timers) * 1e-9   # seconds per repeat
     if args.repeats:
@@ -282,7 +238,7 @@ def bench_case(case, isas, args, torch):
     loop_every, loop_n = 0, 0
     loop_samples = []
     if loop_fn is not None:
-        loop_n, loop_est = _calibrate(loop_fn, sample_ns)
+        loop_n, loop_est = calibrate(loop_fn, target_ns)
         if loop_est * 1e-9 > args.budget * 0.5 and not args.repeats:
             loop_samples, loop_fn = [loop_est], None   # too slow to repeat: its one call is the sample
         # the torch loop is slow (fp16 conv1d on CPU: ~40 ms per request): half the budget,
@@ -300,21 +256,22 @@ def bench_case(case, isas, args, torch):
         for key, fn, isa in timers:
             if isa is not None:
                 gdnconv.set_isa(isa)
-            samples[key].append(_sample_ns(fn, calls[key], warm))
+            samples[key].append(sample_ns(fn, calls[key], warm))
         if loop_fn is not None and r % loop_every == 0 and len(loop_samples) < loop_reps:
-            loop_samples.append(_sample_ns(loop_fn, loop_n, warm))
+            loop_samples.append(sample_ns(loop_fn, loop_n, warm))
 
     others = meter.others_pct(m0, meter.mark())
-    copy_np = _stats(samples["copy_np"])[0] / 1e3
-    copy_torch = _stats(samples["copy_torch"])[0] / 1e3 if "copy_torch" in samples else float("nan")
+    copy_np = stats(samples["copy_np"])[0] / 1e3
+    copy_torch = stats(samples["copy_torch"])[0] / 1e3 if "copy_torch" in samples else float("nan")
     copy_us = min(copy_np, copy_torch) if torch is not None else copy_np
-    loop_us = _stats(loop_samples)[0] / 1e3 if loop_samples else float("nan")
+    loop_us = stats(loop_samples)[0] / 1e3 if loop_samples else float("nan")
     rows = []
     for isa in isas:
-        med, lo, spread = _stats(samples[("kernel", isa)])
+        med, lo, spread = stats(samples[("kernel", isa)])
         us = med / 1e3
         rows.append(dict(
             dtype=case.dtype, D=case.D, T=case.T, B=case.B, W=case.W, L=case.L, mode=case.mode,
+            cache="warm" if rotation.warm else "cold", layers=len(case.layers),
             activation=case.activation, bias=int(case.bias_on), weight=case.weight_kind,
             threads=gdnconv.get_num_threads(), isa=isa, bytes=case.nbytes,
             us=us, us_min=lo / 1e3, spread_pct=spread, gbps=case.nbytes / (us * 1e3),
@@ -327,28 +284,10 @@ def bench_case(case, isas, args, torch):
     return rows
 
 
-def gdnconv_peers_copy(nbytes, use_torch):
-    from .peers import copy_same_bytes
-    return copy_same_bytes(nbytes, use_torch=use_torch)
-
-
-def wait_quiet(max_s, threshold=15.0, window_s=0.25):
-    """Wait (up to max_s seconds) until other processes use less than threshold% of a CPU."""
-    meter = CpuMeter()
-    if not meter.ok or max_s <= 0:
-        return float("nan")
-    end = time.perf_counter() + max_s
-    while True:
-        a = meter.mark()
-        time.sleep(window_s)
-        pct = meter.others_pct(a, meter.mark())
-        if pct < threshold or time.perf_counter() >= end:
-            return pct
-
-
-def fixed_cost(isas, args, torch, rng):
+def fixed_cost(isas, args, torch, rng, rotation):
     """The fixed cost of a small call: B=1, D=8192, T=4, bf16 (fp32 without ml_dtypes),
-    spec mode, silu, from NumPy arrays and (with torch) from torch tensors."""
+    spec mode, silu, from NumPy arrays and (with torch) from torch tensors, in the
+    benchmark's mode (cold: rotating through the layers)."""
     import gdnconv
     try:
         _np_dtype("bfloat16")
@@ -357,27 +296,21 @@ def fixed_cost(isas, args, torch, rng):
         dtype = "float32"
     c = FIXED_COST_CFG
     case = Case(dtype, c["D"], c["T"], c["B"], args.width, "spec", "silu", args.bias, args.weight,
-                args.alloc_out, rng)
+                args.alloc_out, rng, rotation)
     fns = [((isa, "numpy"), case.kernel(), isa) for isa in isas]
     if torch is not None:
-        xt, st, wt = _as_torch(torch, case.x), _as_torch(torch, case.state), _as_torch(torch, case.weight)
-        bt, na, idx = _as_torch(torch, case.bias_k), torch.from_numpy(case.na), torch.from_numpy(case.idx)
-        out = _as_torch(torch, case.out)
-        f = gdnconv.conv_update_multi
-        for isa in isas:
-            fns.append(((isa, "torch"), (lambda: f(xt, st, wt, bt, activation="silu", num_accepted_tokens=na,
-                                                   conv_state_indices=idx, out=out)), isa))
+        fns += [((isa, "torch"), case.kernel_from_tensors(torch), isa) for isa in isas]
     calls = {}
     for key, fn, isa in fns:
         gdnconv.set_isa(isa)
-        calls[key] = _calibrate(fn, args.sample_us * 1e3)[0]
+        calls[key] = calibrate(fn, args.sample_us * 1e3)[0]
     samples = {key: [] for key, _, _ in fns}
     meter = CpuMeter()
     m0 = meter.mark()
     for _ in range(max(args.min_repeats, 21)):
         for key, fn, isa in fns:
             gdnconv.set_isa(isa)
-            samples[key].append(_sample_ns(fn, calls[key], not args.cold_samples))
+            samples[key].append(sample_ns(fn, calls[key], not args.cold_samples))
     res = {key: (statistics.median(v) / 1e3, min(v) / 1e3) for key, v in samples.items()}
     return dtype, case.nbytes, res, meter.others_pct(m0, meter.mark())
 
@@ -397,9 +330,9 @@ def format_group(rows):
     r0 = rows[0]
     head = (f"{r0['dtype']}  D={r0['D']}  T={r0['T']}  W={r0['W']}  L={r0['L']}  {r0['mode']} mode  "
             f"activation={r0['activation']}  bias={'yes' if r0['bias'] else 'no'}  weight={r0['weight']}  "
-            f"threads={r0['threads']}")
+            f"threads={r0['threads']}  {r0['cache']}")
     iw = max(7, max(len(r["isa"]) for r in rows))
-    cols = (f"{'B':>5} {'isa':<{iw}} {'us/call':>9} {'IQR%':>5} {'GB/s':>7} {'x copy':>7} {'speedup':>8}   "
+    cols = (f"{'B':>5} {'layers':>6} {'isa':<{iw}} {'us/call':>9} {'IQR%':>5} {'GB/s':>7} {'x copy':>7} {'speedup':>8}   "
             f"{'copy us':>8} {'copy GB/s':>9} {'np/torch us':>15}   {'loop us':>9} {'loop GB/s':>9}  {'MB':>7}  {'other%':>6}  check")
     lines = [head, cols, "-" * len(cols)]
     last_b = None
@@ -413,12 +346,13 @@ def format_group(rows):
                     f"{_fmt(r['loop_us'], '9.1f')} {_fmt(r['loop_gbps'], '9.2f')}  {r['bytes'] / 1e6:7.2f}  "
                     f"{_fmt(r['others_pct'], '6.0f')}  {r['check']}")
         spd = _fmt(r["loop_speedup"], ".1f") + ("x" if not math.isnan(r["loop_speedup"]) else "")
-        lines.append(f"{(r['B'] if first else ''):>5} {r['isa']:<{iw}} {r['us']:9.1f} {r['spread_pct']:5.0f} "
+        lines.append(f"{(r['B'] if first else ''):>5} {(r['layers'] if first else ''):>6} {r['isa']:<{iw}} {r['us']:9.1f} {r['spread_pct']:5.0f} "
                      f"{r['gbps']:7.1f} {r['x_copy']:7.2f} {spd:>8}{tail}")
     return "\n".join(lines)
 
 
-LEGEND = ("us/call: median microseconds per call incl. argument checks; IQR%: interquartile range of the "
+LEGEND = ("layers: separate sets of arrays each peer rotates through (1: warm); us/call: median microseconds "
+          "per call incl. argument checks;\nIQR%: interquartile range of the "
           "samples / median;\nGB/s: bytes_moved count / time; x copy: time / time of copying that many bytes "
           "(faster of np.copyto, torch copy_);\nspeedup: per-request torch loop time / kernel time; loop: "
           "the torch loop on the same memory; MB: bytes_moved count;\nother%: CPU time other processes used while "
@@ -533,7 +467,7 @@ def add_arguments(parser):
     a("--max-repeats", type=int, default=41, help="most adaptive repeats")
     a("--sample-us", type=float, default=250.0, help="a timed sample is a batch of calls lasting at least this")
     a("--cold-samples", action="store_true",
-      help="no untimed call before each sample: a one-call sample then times a cold first call")
+      help="no untimed call before each sample (which otherwise wakes the thread pools)")
     a("--quick", action="store_true", help="small subset: B 1 16 64, D 8192, T 4, float32 and bfloat16, "
                                            "fewer repeats (explicit axis flags still win)")
     a("--no-torch", action="store_true", help="skip the torch loop even when torch is installed")
@@ -549,6 +483,7 @@ def add_arguments(parser):
            "and time a configuration again (twice at most) when they used > 20%% meanwhile (a shared "
            "machine); 0: don't wait")
     a("--no-progress", action="store_true", help="no tqdm progress bar")
+    add_mode_arguments(parser)
     return parser
 
 
@@ -564,24 +499,24 @@ def _resolve(args):
     dtypes = []
     for d in axis("dtype"):
         if d.lower() not in _DTYPE_ALIASES:
-            raise SystemExit(f"gdnconv bench: unknown dtype {d!r}; use float32, float16 or bfloat16")
+            raise SystemExit(f"bench.py: unknown dtype {d!r}; use float32, float16 or bfloat16")
         dtypes.append(_DTYPE_ALIASES[d.lower()])
     if "bfloat16" in dtypes:
         try:
             _np_dtype("bfloat16")
         except ImportError:
-            print("gdnconv bench: ml_dtypes is not installed, skipping bfloat16", file=sys.stderr)
+            print("bench.py: ml_dtypes is not installed, skipping bfloat16", file=sys.stderr)
             dtypes.remove("bfloat16")
     avail = gdnconv.available_isas()
     isas = args.isa or avail
     for isa in isas:
         if isa not in avail:
-            raise SystemExit(f"gdnconv bench: ISA {isa!r} is not available here (available: {', '.join(avail)})")
+            raise SystemExit(f"bench.py: ISA {isa!r} is not available here (available: {', '.join(avail)})")
     for name, vals in (("--batch", batch), ("--dim", dims), ("--tokens", tokens)):
         if any(v < 1 for v in vals):
-            raise SystemExit(f"gdnconv bench: {name} values must be >= 1")
+            raise SystemExit(f"bench.py: {name} values must be >= 1")
     if not 2 <= args.width <= 8:
-        raise SystemExit("gdnconv bench: --width must be in 2..8")
+        raise SystemExit("bench.py: --width must be in 2..8")
     if args.quick and not args.repeats:
         args.max_repeats = min(args.max_repeats, 15)
         args.min_repeats = min(args.min_repeats, 5)
@@ -594,6 +529,7 @@ def run(args):
     """Run the sweep described by ``args`` (from ``add_arguments``); returns an exit code."""
     import gdnconv
     batch, dims, tokens, dtypes, isas = _resolve(args)
+    rotation = Rotation.from_args(args)
     torch = _import_torch()
     prev_isa, prev_threads = gdnconv.active_isa(), gdnconv.get_num_threads()
     prev_torch_threads = torch.get_num_threads() if torch is not None else None
@@ -603,21 +539,27 @@ def run(args):
         torch.set_num_threads(threads)
     rng = np.random.default_rng(args.seed)
     configs = [(dt, D, T, B) for dt in dtypes for D in dims for T in tokens for B in sorted(batch)]
+    if not configs or not isas:
+        print("bench.py: nothing to run (no dtype, batch, dim, token count or ISA left; see the messages above)",
+              file=sys.stderr)
+        return 2
     meta = dict(started=datetime.datetime.now().isoformat(timespec="seconds"), cpu=_cpu_name(),
                 logical_cpus=os.cpu_count(), threads=threads, isas=isas, gdnconv=gdnconv.__version__,
                 numpy=np.__version__, torch=getattr(torch, "__version__", None), python=platform.python_version(),
                 mode=args.mode, activation=args.activation, width=args.width, bias=args.bias, weight=args.weight,
-                alloc_out=args.alloc_out, argv=sys.argv[1:])
+                alloc_out=args.alloc_out, cache="warm" if rotation.warm else "cold",
+                last_level_cache=rotation.llc, argv=sys.argv[1:])
     out = sys.stdout
-    print(f"gdnconv {gdnconv.__version__} bench  {meta['started']}  cpu: {meta['cpu']} ({os.cpu_count()} logical)  "
+    print(f"benchmarks/bench.py, gdnconv {gdnconv.__version__}  {meta['started']}  cpu: {meta['cpu']} ({os.cpu_count()} logical)  "
           f"threads: {threads}  ISAs: {', '.join(isas)}  torch: {meta['torch'] or 'not installed'}", file=out)
+    print(rotation.describe(), file=out)
     print(f"{len(configs)} configurations x {len(isas)} ISA(s); {LEGEND}\n", file=out, flush=True)
 
     bar = None
     if not args.no_progress:
         try:
             from tqdm import tqdm
-            bar = tqdm(total=len(configs), desc="gdnconv bench", unit="cfg", file=sys.stderr, leave=False)
+            bar = tqdm(total=len(configs), desc="bench", unit="cfg", file=sys.stderr, leave=False)
         except ImportError:
             bar = None
     emit = (lambda s: bar.write(s, file=out)) if bar is not None else (lambda s: print(s, file=out, flush=True))
@@ -632,17 +574,17 @@ def run(args):
             if bar is not None:
                 bar.set_postfix_str(f"{dt} D={D} T={T} B={B}")
             case = Case(dt, D, T, B, args.width, args.mode, args.activation, args.bias, args.weight,
-                        args.alloc_out, rng)
+                        args.alloc_out, rng, rotation)
             case.check_result = "skipped" if args.no_check else case.check(isas)
             if case.check_result not in ("ok", "skipped"):
                 failures += 1
             wait_quiet(args.wait_quiet)
-            new = bench_case(case, isas, args, torch)
+            new = bench_case(case, isas, args, torch, rotation)
             for _ in range(2 if args.wait_quiet > 0 else 0):   # disturbed by other processes: wait, retry
-                if not new[0]["others_pct"] > 20:
+                if not new[0]["others_pct"] > BUSY_PCT:
                     break
                 wait_quiet(args.wait_quiet)
-                again = bench_case(case, isas, args, torch)
+                again = bench_case(case, isas, args, torch, rotation)
                 if again[0]["others_pct"] < new[0]["others_pct"]:
                     new = again
             del case
@@ -657,7 +599,7 @@ def run(args):
                 bar.update(1)
 
         wait_quiet(args.wait_quiet)
-        fc = fixed_cost(isas, args, torch, rng)
+        fc = fixed_cost(isas, args, torch, rng, rotation)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -701,20 +643,20 @@ def run(args):
         else:
             print("plot: skipped (matplotlib is not installed)", file=out)
     print(f"elapsed: {elapsed:.1f} s", file=out)
-    busy = [r for r in rows if r["others_pct"] > 20]
+    busy = [r for r in rows if r["others_pct"] > BUSY_PCT]
     if busy:
         print(f"WARNING: other processes used more than 20% of a CPU while {len(busy)} of {len(rows)} rows were "
               f"timed (up to {max(r['others_pct'] for r in busy):.0f}%); those timings are not trustworthy.",
               file=out)
     if failures:
-        print(f"gdnconv bench: {failures} configuration(s) FAILED the correctness check (see the check column)",
+        print(f"bench.py: {failures} configuration(s) FAILED the correctness check (see the check column)",
               file=sys.stderr)
         return 1
     return 0
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="gdnconv bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="bench.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -5,13 +5,13 @@
  * binary per tree and run them in alternation, e.g. 7-11 rounds, comparing medians.
  *
  *   gcc -O3 -fno-math-errno -fno-trapping-math -fopenmp -Iinclude -Isrc/csrc \
- *       scripts/bench_kernel.c src/csrc/{cpu_features,dispatch,conv_scalar,conv_avx2,conv_avx512}.c \
+ *       benchmarks/bench_kernel.c src/csrc/{cpu_features,dispatch,conv_scalar,conv_avx2,conv_avx512}.c \
  *       -o /tmp/bench_kernel
  *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw] [identity|perm]
  *
  * packed: fp32 tap-major weights (gdnconv.pack_weight's layout); raw: bf16 (D, W)
  * weights, with the per-thread conversion scratch gdnconv passes. identity: request
- * i uses slot i; perm: slots in a random permutation (as `gdnconv bench`). */
+ * i uses slot i; perm: slots in a random permutation (as benchmarks/bench.py). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

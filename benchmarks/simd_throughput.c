@@ -5,7 +5,7 @@
  * add loop or read it from /proc/cpuinfo). Needs AVX-512 F/BW/DQ/VL and AVX512-BF16.
  *
  *   gcc -O2 -mfma -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 \
- *       scripts/simd_throughput.c -o /tmp/simd_throughput && /tmp/simd_throughput 3.65
+ *       benchmarks/simd_throughput.c -o /tmp/simd_throughput && /tmp/simd_throughput 3.65
  *
  * On the 2-core EPYC development VM a zmm FMA, mul or add took 1.0 cycle and a ymm
  * one 0.5 (512-bit operations run as two halves), vreduceps and vscalefps 2.0,

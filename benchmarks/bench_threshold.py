@@ -6,7 +6,7 @@ the calling thread; this script is how that number was chosen. It lifts the
 threshold for its own calls, then runs each call with num_threads=1 and with
 num_threads=N, interleaved.
 
-    python scripts/bench_threshold.py [--dtype bfloat16] [--repeats 15]
+    python benchmarks/bench_threshold.py [--dtype bfloat16] [--repeats 15]
 """
 import argparse
 import time

