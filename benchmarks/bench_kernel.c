@@ -1,16 +1,16 @@
-/* Times gdn_run itself, without Python: one bf16 configuration (D channels, W=4, T=4,
+/* Times gdn_update_run itself, without Python: one bf16 configuration (D channels, W=4, T=4,
  * spec mode, L=6, num_accepted_tokens in 1..3), prints the best and the median of 7
  * repeats in microseconds per call. For A/B runs of kernel changes, where the
  * Python benchmarks' fixed cost and the VM's noise hide a few percent: build one
  * binary per tree and run them in alternation, e.g. 7-11 rounds, comparing medians.
  *
  *   gcc -O3 -fno-math-errno -fno-trapping-math -fopenmp -Iinclude -Isrc/csrc \
- *       benchmarks/bench_kernel.c src/csrc/{cpu_features,dispatch,conv_scalar,conv_avx2,conv_avx512}.c \
+ *       benchmarks/bench_kernel.c src/csrc/*.c \
  *       -o /tmp/bench_kernel
  *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw] [identity|perm]
  *
  * packed: fp32 tap-major weights (gdnconv.pack_weight's layout); raw: bf16 (D, W)
- * weights, with the per-thread conversion scratch gdnconv passes. identity: request
+ * weights, converted once per thread into the C side's per-thread scratch. identity: request
  * i uses slot i; perm: slots in a random permutation (as benchmarks/bench.py). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
             slots[j] = s;
         }
 
-    gdn_params p;
+    gdn_update_params p;
     memset(&p, 0, sizeof p);
     p.batch = B, p.dim = D, p.width = W, p.state_len = L, p.num_slots = B, p.seqlen = T, p.pad_slot_id = -1;
     p.dtype = GDN_BF16, p.silu = silu;
@@ -77,19 +77,18 @@ int main(int argc, char **argv) {
     p.num_accepted_tokens = nat, p.conv_state_indices = slots;
     if (raw) {
         p.weight = wraw, p.weight_dtype = GDN_BF16, p.weight_stride_d = W, p.weight_stride_w = 1;
-        const int64_t n = gdn_weight_scratch_floats(&p, threads);
-        p.weight_scratch = n ? malloc(n * 4) : NULL;
+        /* (the per-thread conversion scratch is the C side's own: threads.c) */
     } else {
         p.weight = wpacked, p.weight_dtype = GDN_F32, p.weight_stride_d = 1, p.weight_stride_w = D;
     }
     int64_t bad_i, bad_v;
-    if (gdn_validate(&p, B * T, &bad_i, &bad_v) != GDN_OK) return 1;
+    if (gdn_update_validate(&p, B * T, &bad_i, &bad_v) != GDN_OK) return 1;
 
     const long calls = (long)(2e8 / (double)(B * D * T)) + 10;   /* ~0.1 s per repeat */
     double us[7];
     for (int k = 0; k < 7; k++) {
         const double t0 = now();
-        for (long c = 0; c < calls; c++) gdn_run(&p, threads);
+        for (long c = 0; c < calls; c++) gdn_update_run(&p, threads);
         us[k] = (now() - t0) / calls * 1e6;
     }
     qsort(us, 7, sizeof us[0], cmp);

@@ -1,7 +1,7 @@
 """Where does a second thread start to pay? Times conv_update_multi with one thread and
 with all threads over a range of call sizes, interleaved, and prints the ratio.
 
-The dispatcher runs calls that move fewer than parallel_min_bytes (dispatch.c) on
+The dispatcher runs calls that move fewer than parallel_min_bytes (src/csrc/threads.c) on
 the calling thread; this script is how that number was chosen. It lifts the
 threshold for its own calls, then runs each call with num_threads=1 and with
 num_threads=N, interleaved.
