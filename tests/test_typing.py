@@ -36,6 +36,12 @@ USAGE = textwrap.dedent("""\
 BAD_LINES = {14, 15}
 
 
+def _package_root():
+    """The folder holding the gdnconv under test (site-packages, or src/ in a checkout),
+    as an absolute path: mypy runs in another folder."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(gdnconv.__file__)))
+
+
 @pytest.fixture(scope="module")
 def mypy_report(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mypy")
@@ -44,7 +50,7 @@ def mypy_report(tmp_path_factory):
                         "--python-executable", sys.executable, "--hide-error-context",
                         "--no-error-summary", "usage.py"],
                        cwd=tmp, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, MYPYPATH=""))
+                       env=dict(os.environ, MYPYPATH="", PYTHONPATH=_package_root()))
     return r
 
 
@@ -58,7 +64,7 @@ def test_mypy_reveals_the_stub_signature(mypy_report):
     sig = revealed[10]
     assert sig.startswith('Revealed type is "Overload(def [_A <: gdnconv._core._ArrayOrTensor] (x: _A, '), sig
     first = sig.split(", def ")[0]
-    names = re.findall(r"[(,] \*?,? ?(\w+): ", first)
+    names = re.findall(r"(?:\(|, )(?:\*, )?(\w+): ", first)
     runtime = list(inspect.signature(gdnconv.conv_update_multi).parameters)
     assert names == runtime, (names, runtime)
     for part in ["*, activation: Literal['silu'] | Literal['swish'] | bool | None =",
