@@ -47,8 +47,10 @@ class BuildExt(build_ext):
             print("*" * 72 + "\n* gdnconv: OpenMP NOT available, kernels will run single-threaded\n" + "*" * 72,
                   file=sys.stderr)
             omp = []
+        # release builds carry no debug info (Python's CFLAGS have -g); GDNCONV_DEBUG=1 keeps it
+        nodebug = [] if msvc or os.environ.get("GDNCONV_DEBUG") == "1" else ["-g0"]
         for ext in self.extensions:
-            ext.extra_compile_args = opt + omp
+            ext.extra_compile_args = opt + omp + nodebug
             ext.extra_link_args = [] if msvc else omp
         super().build_extensions()
 

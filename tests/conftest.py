@@ -232,9 +232,17 @@ def run_and_check(call, out_mode="new", num_threads=None, rng=None):
 
 # ------------------------------------------------------------------- ISA
 
-@pytest.fixture(params=gdnconv.compiled_isas(), ids=str)
+def _isa_params():
+    """Every compiled kernel, or only the one ``GDNCONV_ISA`` names: ``GDNCONV_ISA=scalar pytest``
+    runs every test on the portable kernel (gdnconv's import has refused an unknown name)."""
+    forced = os.environ.get("GDNCONV_ISA", "").strip()
+    return [forced] if forced else gdnconv.compiled_isas()
+
+
+@pytest.fixture(params=_isa_params(), ids=str)
 def isa(request):
-    """Runs the test with each compiled kernel selected; skipped where the CPU lacks it."""
+    """Runs the test with each compiled kernel selected (only GDNCONV_ISA's when it is set);
+    skipped where the CPU lacks it."""
     name = request.param
     if name not in gdnconv.available_isas():
         pytest.skip(f"CPU lacks {name} (available: {gdnconv.available_isas()})")

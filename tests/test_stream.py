@@ -33,7 +33,8 @@ def test_speculative_stream(isa, dtype, W, kmax, extra):
     rng = np.random.default_rng(zlib.crc32(f"{dtype}-{W}-{kmax}-{extra}".encode()))
     weight = (rng.standard_normal((D, W)) / np.sqrt(W)).astype(dt)
     bias = (rng.standard_normal(D) * 0.3).astype(dt)
-    state = rng.standard_normal((S, L, D)).astype(dt) * 7   # garbage in free slots
+    # garbage in free slots, scaled before the cast (NumPy 2.0 makes bf16 * 7 float32)
+    state = (rng.standard_normal((S, L, D)) * 7).astype(dt)
     live = {}          # slot -> {"stream": float64 (n, D) accepted tokens, "nat": int}
     checked_outputs = 0
     joins = leaves = 0
