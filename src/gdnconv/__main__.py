@@ -1,10 +1,10 @@
-"""Command line: ``gdnconv simulate`` (the main job) and ``gdnconv bench``."""
+"""Command line: ``gdnconv simulate`` (the main job), ``gdnconv bench`` and ``gdnconv generate``."""
 import argparse
 import sys
 
 
 def main(argv=None):
-    from . import bench, simulate
+    from . import bench, generate, simulate
 
     parser = argparse.ArgumentParser(prog="gdnconv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -16,6 +16,10 @@ def main(argv=None):
                          description=bench.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     bench.add_arguments(ben)
     ben.set_defaults(run=bench.run)
+    gen = sub.add_parser("generate", help="a random-weight transformers model decoding with and without gdnconv",
+                         description=generate.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    generate.add_arguments(gen)
+    gen.set_defaults(run=generate.run)
     args = parser.parse_args(argv)
     return args.run(args)
 
