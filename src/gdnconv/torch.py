@@ -1,0 +1,88 @@
+"""torch.library custom ops for gdnconv: importing this module registers them.
+
+``torch.ops.gdnconv.conv_update_multi`` returns a new output;
+``torch.ops.gdnconv.conv_update_multi_out`` writes a given ``out`` and returns nothing
+(a custom op may not return one of its inputs). Both mark ``conv_state`` (and ``out``)
+as mutated, so ``torch.compile`` (``fullgraph=True`` included) keeps the in-place
+update and the ordering around it. ``conv_update_multi`` below picks one of the two,
+with the arguments of ``gdnconv.conv_update_multi``.
+
+Design:
+- the ops call ``gdnconv.conv_update_multi`` on the tensors they get (zero-copy);
+- the fake implementations give the output's exact shape, dtype and strides
+  (contiguous, as the real op returns it) so a compiled graph needs no real data;
+- ``activation`` goes through the schema as a string (booleans are mapped first);
+- NumPy users never import this module, so ``import gdnconv`` never imports torch.
+"""
+import torch
+
+from . import _core
+
+__all__ = ["conv_update_multi"]
+
+
+def _activation(activation):
+    if activation is True:
+        return "silu"
+    if activation is False:
+        return None
+    return activation
+
+
+_ARGS = ("Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, str? activation, "
+         "Tensor? num_accepted_tokens, Tensor? conv_state_indices, Tensor? query_start_loc, int pad_slot_id")
+# Library.define + impl, not torch.library.custom_op: the same schema and fake, but the call
+# goes straight through the dispatcher (custom_op's Python wrapper cost ~15x the plain call).
+_lib = torch.library.Library("gdnconv", "DEF")
+_lib.define(f"conv_update_multi({_ARGS}) -> Tensor")
+_lib.define(f"conv_update_multi_out({_ARGS}, Tensor(b!) out) -> ()")
+
+
+def _op(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices, query_start_loc,
+        pad_slot_id):
+    out = _core.conv_update_multi(x, conv_state, weight, bias, activation=activation,
+                                  num_accepted_tokens=num_accepted_tokens,
+                                  conv_state_indices=conv_state_indices,
+                                  query_start_loc=query_start_loc, pad_slot_id=pad_slot_id)
+    return out if out.is_contiguous() else out.contiguous()
+
+
+def _op_out(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+            query_start_loc, pad_slot_id, out):
+    _core.conv_update_multi(x, conv_state, weight, bias, activation=activation,
+                            num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
+                            query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=out)
+
+
+_lib.impl("conv_update_multi", _op, "CPU")
+_lib.impl("conv_update_multi_out", _op_out, "CPU")
+
+
+@torch.library.register_fake("gdnconv::conv_update_multi", lib=_lib)
+def _op_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+             query_start_loc, pad_slot_id):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.register_fake("gdnconv::conv_update_multi_out", lib=_lib)
+def _op_out_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+                 query_start_loc, pad_slot_id, out):
+    return None
+
+
+def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu", num_accepted_tokens=None,
+                      conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
+    """``gdnconv.conv_update_multi`` through the registered torch ops (torch tensors only).
+
+    Same arguments, semantics and errors as ``gdnconv.conv_update_multi``; use this
+    one inside code that ``torch.compile`` traces. Returns ``out`` (a new tensor when
+    not given).
+    """
+    activation = _activation(activation)
+    if out is None:
+        return torch.ops.gdnconv.conv_update_multi(x, conv_state, weight, bias, activation,
+                                                   num_accepted_tokens, conv_state_indices,
+                                                   query_start_loc, pad_slot_id)
+    torch.ops.gdnconv.conv_update_multi_out(x, conv_state, weight, bias, activation, num_accepted_tokens,
+                                            conv_state_indices, query_start_loc, pad_slot_id, out)
+    return out

@@ -1,0 +1,195 @@
+"""Route the conv update of HF transformers' linear-attention / SSM models through gdnconv.
+
+``patch()`` replaces ``causal_conv1d_update`` in every modeling module of the installed
+transformers that defines it (``ARCHITECTURES``), ``unpatch()`` puts the originals back,
+``patched()`` does both around a ``with`` block. ``counters()`` tells, per architecture,
+how many calls gdnconv took (``"routed"``) and how many went to the original function
+(``"fallback"``: anything gdnconv cannot take, e.g. autograd, a CUDA tensor, an
+activation other than SiLU).
+
+transformers' convention (ref: ``causal_conv1d_update`` in e.g.
+transformers/models/qwen3_next/modeling_qwen3_next.py): ``hidden_states`` ``(B, D, T)``,
+``conv_state`` ``(B, D, Lc)`` with ``Lc = W`` columns (the conv kernel size), oldest first;
+after the call the state holds the last ``Lc`` columns of ``cat(conv_state, hidden_states)``.
+The conv reads only the last ``W - 1`` columns, so gdnconv gets the view
+``conv_state.transpose(1, 2)[:, Lc - (W - 1):]`` (``(B, W-1, D)``, rows = time) and does the
+plain-mode roll there; the ``Lc - W + 1`` leading columns (column 0 when ``Lc = W``),
+which the conv never reads but transformers keeps, are set afterwards to columns
+``T .. T + Lc - W`` of ``cat(conv_state, hidden_states)``, as transformers leaves them.
+The state stays bit-identical to transformers' own.
+"""
+import contextlib
+import importlib
+
+import torch
+import transformers
+from packaging.version import Version
+
+import gdnconv as _g
+
+__all__ = ["patch", "unpatch", "patched", "is_patched", "counters", "reset_counters", "ARCHITECTURES",
+           "SUPPORTED_TRANSFORMERS"]
+
+SUPPORTED_TRANSFORMERS = (">=5.23.0", "<5.24")   # the range the "transformers" extra pins
+# every transformers 5.23 model package whose modeling module defines causal_conv1d_update
+ARCHITECTURES = (
+    "bailing_hybrid", "bamba", "falcon_h1", "falcon_mamba", "glm5_next", "granitemoehybrid", "inkling",
+    "inkling2", "jamba", "kimi_linear", "lfm2", "lfm2_moe", "lfm3", "mamba", "mamba2", "nemotron_h",
+    "olmo_hybrid", "qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp", "zamba", "zamba2",
+)
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_originals = {}          # architecture -> {op: the module's original function}
+_counts = {}
+
+
+def _check_version():
+    v = Version(transformers.__version__)
+    if not (Version("5.23.0") <= v < Version("5.24")):
+        raise RuntimeError(
+            f"gdnconv.transformers supports transformers {','.join(SUPPORTED_TRANSFORMERS)}, found "
+            f"{transformers.__version__}: install the pinned one with pip install \"gdnconv[transformers]\"")
+
+
+def _module(arch):
+    return importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+
+
+def _routable(hidden_states, conv_state, weight, bias, activation):
+    """True when gdnconv computes exactly what transformers' function would (else: fall back).
+    ``conv_state`` None: the prefill conv, which has no state."""
+    ts = tuple(t for t in (hidden_states, conv_state, weight, bias) if t is not None)
+    if not all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in ts):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
+        return False
+    if activation not in (None, "silu", "swish") or hidden_states.dim() != 3:
+        return False
+    if weight.dim() != 2 or (bias is not None and (bias.dim() != 1 or bias.dtype != weight.dtype)):
+        return False
+    B, D, T = hidden_states.shape
+    W = weight.shape[1]
+    if not 2 <= W <= 8 or weight.shape[0] != D:
+        return False
+    dt = hidden_states.dtype
+    if conv_state is not None and (conv_state.dim() != 3 or conv_state.shape[:2] != (B, D)
+                                   or conv_state.shape[2] < W - 1 or conv_state.dtype != dt):
+        return False
+    return dt in _DTYPES and weight.dtype in (dt, torch.float32) and T > 0
+
+
+def _update(hidden_states, conv_state, weight, bias, activation):
+    """transformers' causal_conv1d_update through gdnconv (arguments already vetted)."""
+    T = hidden_states.shape[2]
+    n0 = conv_state.shape[2] - (weight.shape[1] - 1)     # leading columns the conv never reads
+    head = None
+    if n0 > 0:   # columns T .. T+n0-1 of cat(conv_state, hidden_states), before the roll
+        head = torch.cat([conv_state[:, :, :min(conv_state.shape[2], n0 + T)], hidden_states], dim=-1)
+        head = head[:, :, T:T + n0]
+    out = _g.conv_update_multi(hidden_states.transpose(1, 2), conv_state.transpose(1, 2)[:, n0:],
+                               weight, bias, activation=activation)                      # (B, T, D)
+    if head is not None:
+        conv_state[:, :, :n0].copy_(head)
+    return out.transpose(1, 2)
+
+
+def _route(arch, op, original, routable, run):
+    """The module-level replacement for ``op``: ``run`` when ``routable``, else ``original``."""
+    count = _counts.setdefault(arch, {}).setdefault(op, {"routed": 0, "fallback": 0})
+
+    def routed(*args, **kwargs):
+        if routable(*args, **kwargs):
+            out = run(*args, **kwargs)
+            count["routed"] += 1
+            return out
+        count["fallback"] += 1
+        return original(*args, **kwargs)
+    routed.__name__ = routed.__qualname__ = op
+    routed.__wrapped__ = original
+    routed.__doc__ = f"gdnconv's route for {arch}'s {op} (gdnconv.transformers)."
+    return routed
+
+
+def _update_routable(hidden_states, conv_state, weight, bias=None, activation=None):
+    return _routable(hidden_states, conv_state, weight, bias, activation)
+
+
+def _update_run(hidden_states, conv_state, weight, bias=None, activation=None):
+    return _update(hidden_states, conv_state, weight, bias, activation)
+
+
+# op name in the modeling modules -> (routable, run); both take the original's arguments
+_ROUTES = {"causal_conv1d_update": (_update_routable, _update_run)}
+
+if hasattr(_g, "conv_prefill"):
+    def _fn_routable(hidden_states, weight, bias=None, activation=None, **kwargs):
+        # packed sequences (cu_seqlens / seq_idx) need the original; other kwargs it ignores too
+        if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
+            return False
+        return _routable(hidden_states, None, weight, bias, activation)
+
+    def _fn_run(hidden_states, weight, bias=None, activation=None, **kwargs):
+        # transformers' causal_conv1d_fn: the conv of (B, D, T) tokens from a zero history
+        out = _g.conv_prefill(hidden_states.transpose(1, 2), weight, bias, activation=activation)
+        return out.transpose(1, 2)
+
+    _ROUTES["causal_conv1d_fn"] = (_fn_routable, _fn_run)
+
+
+def patch(architectures=None):
+    """Route the conv ops of ``architectures`` (default: all of ``ARCHITECTURES``) through
+    gdnconv. Idempotent. Raises RuntimeError outside the supported transformers range,
+    ValueError for an unknown architecture name."""
+    _check_version()
+    archs = ARCHITECTURES if architectures is None else tuple(architectures)
+    unknown = [a for a in archs if a not in ARCHITECTURES]
+    if unknown:
+        raise ValueError(f"architectures {unknown} have no causal_conv1d_update gdnconv can route; "
+                         f"known: {', '.join(ARCHITECTURES)}")
+    for arch in archs:
+        if arch in _originals:
+            continue
+        mod = _module(arch)
+        _originals[arch] = {op: getattr(mod, op) for op in _ROUTES if hasattr(mod, op)}
+        for op, original in _originals[arch].items():
+            setattr(mod, op, _route(arch, op, original, *_ROUTES[op]))
+
+
+def _restore(arch):
+    mod = _module(arch)
+    for op, original in _originals.pop(arch).items():
+        setattr(mod, op, original)
+
+
+def unpatch():
+    """Put every original function back (a no-op when nothing is patched)."""
+    for arch in list(_originals):
+        _restore(arch)
+
+
+def is_patched(arch=None):
+    """Whether ``arch`` (or any architecture, when None) is routed through gdnconv."""
+    return bool(_originals) if arch is None else arch in _originals
+
+
+@contextlib.contextmanager
+def patched(architectures=None):
+    """``with patched(): ...`` routes through gdnconv inside the block and restores what
+    was there before (architectures patched before the block stay patched)."""
+    before = set(_originals)
+    patch(architectures)
+    try:
+        yield
+    finally:
+        for arch in set(_originals) - before:
+            _restore(arch)
+
+
+def counters():
+    """``{architecture: {op: {"routed": n, "fallback": m}}}`` since the last reset (a copy)."""
+    return {a: {op: dict(c) for op, c in ops.items()} for a, ops in _counts.items()}
+
+
+def reset_counters():
+    for ops in _counts.values():
+        for c in ops.values():
+            c["routed"] = c["fallback"] = 0

@@ -1,0 +1,134 @@
+"""gdnconv.transformers: transformers' own models decode the same with and without patch()."""
+import os
+import re
+
+import numpy as np
+import pytest
+
+from conftest import assert_bits_equal, run_python
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import gdnconv.transformers as gtf  # noqa: E402
+from gdnconv.generate import PRESETS, conv_states, greedy, prompts, tiny_model  # noqa: E402
+
+NEW_TOKENS = 32
+
+
+@pytest.fixture(autouse=True)
+def _clean_patch():
+    gtf.unpatch()
+    gtf.reset_counters()
+    yield
+    gtf.unpatch()
+
+
+def test_architectures_are_every_modeling_file_with_a_conv_update():
+    root = os.path.join(os.path.dirname(transformers.__file__), "models")
+    found = set()
+    for arch in os.listdir(root):
+        path = os.path.join(root, arch, f"modeling_{arch}.py")
+        if os.path.exists(path) and re.search(r"^def causal_conv1d_update\(", open(path).read(), re.M):
+            found.add(arch)
+    assert found == set(gtf.ARCHITECTURES)
+
+
+def _conv_layers(model):
+    return len(conv_states(greedy(model, *prompts(1, 4), 1).past_key_values))
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("arch", PRESETS)
+def test_greedy_decode_same_with_patch(arch, batch):
+    """Greedy fp32 generation, left padding at B=4: identical tokens, last logits within 1e-5,
+    conv caches equal (the first conv layer's bit for bit: its inputs do not depend on earlier
+    conv outputs), every decode conv routed, no fallback."""
+    model = tiny_model(arch, seed=1, layers=3)
+    ids, mask = prompts(batch, 8, seed=2)
+    base = greedy(model, ids, mask, NEW_TOKENS)
+    with gtf.patched():
+        fast = greedy(model, ids, mask, NEW_TOKENS)
+    assert torch.equal(base.sequences, fast.sequences)
+    diff = (base.logits[-1] - fast.logits[-1]).abs().max().item()
+    assert diff <= 1e-5, f"last logits differ by {diff}"
+    sb, sf = conv_states(base.past_key_values), conv_states(fast.past_key_values)
+    assert len(sb) == len(sf) >= 2
+    assert_bits_equal(sf[0], sb[0], "first conv layer's cache")
+    for a, b in zip(sf, sb):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    count = gtf.counters()[arch]["causal_conv1d_update"]
+    assert count == {"routed": (NEW_TOKENS - 1) * len(sb), "fallback": 0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("extra_cols", [0, 1, 3])    # conv_state columns: W - 1 + extra_cols
+@pytest.mark.parametrize("T", [1, 2, 6])
+@pytest.mark.parametrize("bias,activation", [(True, "silu"), (False, None)])
+def test_route_equals_transformers_function(dtype, extra_cols, T, bias, activation):
+    """Same inputs through transformers' function and the routed one: the state bit for bit
+    (all W columns, history last, column 0 included), outputs within SPEC's tolerance."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as mq
+    original = mq.causal_conv1d_update
+    g = torch.Generator().manual_seed(T * 10 + extra_cols)
+    B, D, W = 3, 40, 4
+    x = torch.randn(B, T, D, generator=g).to(dtype).transpose(1, 2)     # (B, D, T) as the models pass it
+    state = torch.randn(B, D, W - 1 + extra_cols, generator=g).to(dtype)
+    w = torch.randn(D, W, generator=g).to(dtype)
+    b = torch.randn(D, generator=g).to(dtype) if bias else None
+    s1, s2 = state.clone(), state.clone()
+    ref = original(x, s1, w, b, activation)
+    gtf.patch(["qwen3_next"])
+    out = mq.causal_conv1d_update(x, s2, w, b, activation)
+    assert gtf.counters()["qwen3_next"]["causal_conv1d_update"] == {"routed": 1, "fallback": 0}
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert_bits_equal(s2, s1, "conv_state")
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    np.testing.assert_allclose(out.float().numpy(), ref.float().numpy(), rtol=tol, atol=tol)
+
+
+def test_fallbacks_are_counted_and_match():
+    from transformers.models.mamba2 import modeling_mamba2 as mm
+    original = mm.causal_conv1d_update
+    gtf.patch(["mamba2"])
+    x, state, w = torch.randn(2, 8, 1), torch.randn(2, 8, 4), torch.randn(8, 4)
+    cases = [dict(activation="gelu"), dict(weight=w.double()), dict(grad=True)]
+    for case in cases:
+        s1, s2 = state.clone(), state.clone()
+        ww = case.get("weight", w).clone().requires_grad_(case.get("grad", False))
+        act = case.get("activation", "silu")
+        with torch.enable_grad():
+            r1 = original(x, s1, ww, None, act)
+            r2 = mm.causal_conv1d_update(x, s2, ww, None, act)
+        assert torch.equal(r1, r2) and torch.equal(s1, s2)
+    assert gtf.counters()["mamba2"]["causal_conv1d_update"] == {"routed": 0, "fallback": len(cases)}
+
+
+def test_patch_unpatch_and_context_restore_the_originals():
+    from transformers.models.lfm2 import modeling_lfm2 as ml
+    from transformers.models.bamba import modeling_bamba as mb
+    original_l, original_b = ml.causal_conv1d_update, mb.causal_conv1d_update
+    gtf.patch(["lfm2"])
+    routed = ml.causal_conv1d_update
+    assert routed is not original_l and routed.__wrapped__ is original_l and gtf.is_patched("lfm2")
+    gtf.patch(["lfm2"])
+    assert ml.causal_conv1d_update is routed                  # idempotent
+    with gtf.patched():
+        assert mb.causal_conv1d_update is not original_b and ml.causal_conv1d_update is routed
+    assert mb.causal_conv1d_update is original_b and ml.causal_conv1d_update is routed
+    gtf.unpatch()
+    assert ml.causal_conv1d_update is original_l and not gtf.is_patched()
+    with pytest.raises(ValueError, match="'llama'"):
+        gtf.patch(["llama"])
+    assert not gtf.is_patched()
+
+
+def test_version_outside_the_pinned_range_is_refused(monkeypatch):
+    monkeypatch.setattr(transformers, "__version__", "5.22.0")
+    with pytest.raises(RuntimeError, match=r"found 5\.22\.0.*gdnconv\[transformers\]"):
+        gtf.patch()
+    assert not gtf.is_patched()
+
+
+def test_import_gdnconv_imports_neither_torch_nor_transformers():
+    r = run_python("import sys, gdnconv; print('torch' in sys.modules, 'transformers' in sys.modules)")
+    assert r.returncode == 0 and r.stdout.split() == ["False", "False"], r.stderr

