@@ -7,7 +7,8 @@ import zlib
 import numpy as np
 import pytest
 
-from conftest import as_np, assert_bits_equal, assert_out_close, bits, reference
+from conftest import as_np, assert_bits_equal, bits, reference
+from gdnconv.testing import assert_outputs_close
 
 torch = pytest.importorskip("torch")
 import gdnconv.vllm as gv  # noqa: E402
@@ -33,7 +34,7 @@ def _check(out, x_before_bt, conv_state_sdl, before_sdl, weight, bias, *, mode_k
     """out_bt: the gdnconv-order (B, T, D) / (N, D) view of the result; compares with the reference."""
     ref_out, ref_state, mag = reference(x_before_bt, before_sdl, as_np(weight), as_np(bias), **mode_kw)
     rows = None if skip is None else ~skip
-    assert_out_close(out_bt, ref_out, mag, as_np(out_bt).dtype, mode_kw["activation"] is not None, rows=rows)
+    assert_outputs_close(out_bt, ref_out, mag, silu=mode_kw["activation"] is not None, rows=rows)
     assert_bits_equal(conv_state_sdl.transpose(1, 2), ref_state, "conv_state")
 
 
