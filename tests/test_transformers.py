@@ -33,10 +33,6 @@ def test_architectures_are_every_modeling_file_with_a_conv_update():
     assert found == set(gtf.ARCHITECTURES)
 
 
-def _conv_layers(model):
-    return len(conv_states(greedy(model, *prompts(1, 4), 1).past_key_values))
-
-
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("arch", PRESETS)
 def test_greedy_decode_same_with_patch(arch, batch):
