@@ -10,7 +10,7 @@ from conftest import assert_bits_equal, run_python
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import gdnconv.transformers as gtf  # noqa: E402
-from gdnconv.generate import PRESETS, conv_states, greedy, prompts, tiny_model  # noqa: E402
+from gdnconv.generate import MORE, PRESETS, conv_states, greedy, prompts, tiny_model  # noqa: E402
 
 NEW_TOKENS = 32
 
@@ -31,10 +31,6 @@ def test_architectures_are_every_modeling_file_with_a_conv_update():
         if os.path.exists(path) and re.search(r"^def causal_conv1d_update\(", open(path).read(), re.M):
             found.add(arch)
     assert found == set(gtf.ARCHITECTURES)
-
-
-def _conv_layers(model):
-    return len(conv_states(greedy(model, *prompts(1, 4), 1).past_key_values))
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -58,6 +54,22 @@ def test_greedy_decode_same_with_patch(arch, batch):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
     count = gtf.counters()[arch]["causal_conv1d_update"]
     assert count == {"routed": (NEW_TOKENS - 1) * len(sb), "fallback": 0}
+
+
+@pytest.mark.parametrize("arch", MORE)
+def test_more_architectures_decode_same_with_patch(arch):
+    """FalconH1, GraniteMoeHybrid, Jamba, NemotronH, Zamba2, Kimi-Linear: B=2 with left padding,
+    8 tokens, same checks on tokens, logits and counters."""
+    model = tiny_model(arch, seed=1)
+    ids, mask = prompts(2, 6, seed=2)
+    base = greedy(model, ids, mask, 8)
+    with gtf.patched([arch]):
+        fast = greedy(model, ids, mask, 8)
+    assert torch.equal(base.sequences, fast.sequences)
+    assert (base.logits[-1] - fast.logits[-1]).abs().max().item() <= 1e-5
+    layers = len(conv_states(base.past_key_values))
+    assert layers >= 1
+    assert gtf.counters()[arch]["causal_conv1d_update"] == {"routed": 7 * layers, "fallback": 0}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -9,11 +9,12 @@ for both and the share of a decode step spent in the conv update. Needs the
 import time
 
 PRESETS = ("qwen3_next", "qwen3_5", "mamba2", "bamba", "lfm2")
+MORE = ("falcon_h1", "granitemoehybrid", "jamba", "nemotron_h", "zamba2", "kimi_linear")   # tiny_config has them too
 VOCAB = 128
 
 
 def tiny_config(arch, *, hidden=64, layers=2, conv_kernel=4):
-    """A small config of ``arch`` (one of PRESETS) from the installed transformers: linear /
+    """A small config of ``arch`` (one of PRESETS or MORE) from the installed transformers: linear /
     SSM layers first, then one attention layer where the architecture has them."""
     import transformers as tf
     common = dict(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, pad_token_id=0,
@@ -40,7 +41,34 @@ def tiny_config(arch, *, hidden=64, layers=2, conv_kernel=4):
     if arch == "lfm2":
         return tf.Lfm2Config(**common, **attn, conv_L_cache=conv_kernel, block_auto_adjust_ff_dim=False,
                              layer_types=["conv"] * (layers - 1) + ["full_attention"])
-    raise ValueError(f"arch must be one of {', '.join(PRESETS)}, got {arch!r}")
+    ssm = dict(mamba_d_state=16, mamba_chunk_size=16)
+    if arch == "falcon_h1":
+        return tf.FalconH1Config(**common, **attn, **ssm, mamba_n_heads=8, mamba_d_head=16, mamba_d_ssm=2 * hidden,
+                                 mamba_n_groups=1, mamba_d_conv=conv_kernel)
+    if arch == "granitemoehybrid":
+        return tf.GraniteMoeHybridConfig(**common, **attn, **ssm, layer_types=["mamba"] * (layers - 1) + ["attention"],
+                                         mamba_n_heads=8, mamba_d_head=16, mamba_d_conv=conv_kernel,
+                                         num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=hidden)
+    if arch == "jamba":
+        return tf.JambaConfig(**common, **attn, attn_layer_period=layers, attn_layer_offset=layers - 1,
+                              expert_layer_period=2, expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
+                              mamba_d_state=16, mamba_expand=2, mamba_dt_rank=8, mamba_d_conv=conv_kernel,
+                              use_mamba_kernels=False)
+    if arch == "nemotron_h":
+        return tf.NemotronHConfig(**common, **attn, hybrid_override_pattern="M" * (layers - 1) + "*", mamba_num_heads=8,
+                                  mamba_head_dim=16, ssm_state_size=16, n_groups=1, chunk_size=16, head_dim=16,
+                                  conv_kernel=conv_kernel)
+    if arch == "zamba2":
+        return tf.Zamba2Config(**common, **attn, mamba_d_state=16, n_mamba_heads=8, mamba_headdim=16, chunk_size=16,
+                               mamba_d_conv=conv_kernel, layers_block_type=["mamba"] * (layers - 1) + ["hybrid"],
+                               attention_head_dim=16, use_mem_rope=False)
+    if arch == "kimi_linear":
+        return tf.KimiLinearConfig(**common, **dict(attn, num_key_value_heads=4), moe_intermediate_size=32,
+                                   kv_lora_rank=16, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=8,
+                                   num_experts_per_tok=1, num_local_experts=2, linear_head_dim=16, linear_num_heads=4,
+                                   linear_conv_kernel_dim=conv_kernel, layer_types=mixed,
+                                   mlp_layer_types=["dense"] * layers)
+    raise ValueError(f"arch must be one of {', '.join(PRESETS + MORE)}, got {arch!r}")
 
 
 def tiny_model(arch, seed=0, **config):
