@@ -30,12 +30,14 @@ NOISE = 8 * 2.0 ** -24
 SILU_NOISE_FACTOR = 1.1
 
 
-def run_python(code, **env):
+def run_python(code, timeout=120, **env):
     """Run code in a fresh interpreter that imports this gdnconv, with env added to the
-    environment; returns the CompletedProcess (text output captured)."""
+    environment; returns the CompletedProcess (text output captured). Raises
+    subprocess.TimeoutExpired after timeout seconds."""
     full = dict(os.environ, **env)
     full["PYTHONPATH"] = os.pathsep.join(p for p in [full.get("PYTHONPATH", "")] + sys.path if p)
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 # ----------------------------------------------------------------- arrays

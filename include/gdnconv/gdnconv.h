@@ -104,9 +104,14 @@ int64_t gdn_bytes_moved(const gdn_params *p);
 /* Calls moving fewer bytes run on the calling thread; returns the previous value. */
 int64_t gdn_set_parallel_min_bytes(int64_t bytes);
 
-/* Call in the child after fork(): a child of a process that ran a parallel
- * region then runs every call on its calling thread. */
-void gdn_after_fork_in_child(void);
+/* Call once before any call (the extension does at import): from then on, a
+ * process forked from this one runs every call on its calling thread. */
+void gdn_fork_guard_init(void);
+
+/* CPUs the process may use as the OpenMP runtime counts them (its count stays the
+ * process's when OMP_PROC_BIND pins the calling thread to one CPU); 0 in a build
+ * without OpenMP. */
+int gdn_num_procs(void);
 
 /* Floats of weight_scratch that gdn_run(p, num_threads) can use (p filled in but
  * for weight_scratch); 0: it would not use any. */

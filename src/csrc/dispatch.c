@@ -7,6 +7,11 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#include <unistd.h>
+#define GDN_HAVE_FORK 1
+#endif
 
 typedef struct {
     const char *name;
@@ -138,13 +143,38 @@ static void run_unit(const gdn_params *p, gdn_kernel_fn kernel, int64_t u, int64
     }
 }
 
-/* GNU OpenMP cannot run a parallel region in a process forked from one that had
- * already run one (the child waits forever for the parent's pool), so such a child
- * runs every call on its calling thread. */
-static int parallel_used, forked_after_parallel;
+/* A forked child runs every call on its calling thread. GNU OpenMP cannot run a
+ * parallel region in a child of a process that had started its pool (the child
+ * waits forever for the parent's threads), and the pool is shared with every other
+ * user of the same libgomp (torch's), so whether it was started is not knowable
+ * here. pthread_atfork sees every fork() through libc (os.fork, multiprocessing,
+ * C code); the pid check, made only before a parallel region, sees a raw clone(). */
+static int in_forked_child;
+#ifdef GDN_HAVE_FORK
+static pid_t guard_pid;
+static void mark_forked_child(void) { in_forked_child = 1; }
+#endif
 
-void gdn_after_fork_in_child(void) {
-    if (parallel_used) forked_after_parallel = 1;
+void gdn_fork_guard_init(void) {
+#ifdef GDN_HAVE_FORK
+    guard_pid = getpid();
+    pthread_atfork(NULL, NULL, mark_forked_child);
+#endif
+}
+
+static int forked(void) {
+#ifdef GDN_HAVE_FORK
+    if (!in_forked_child && getpid() != guard_pid) in_forked_child = 1;
+#endif
+    return in_forked_child;
+}
+
+int gdn_num_procs(void) {
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 0;
+#endif
 }
 
 /* Units [u0, u1) on one thread. With a scratch (the thread's own (W + 1) * D
@@ -216,12 +246,11 @@ void gdn_run(const gdn_params *p, int num_threads) {
     const int64_t groups = (p->batch + per_unit - 1) / per_unit;
     const int64_t blocks = (p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS, units = groups * blocks;
     if (num_threads > units) num_threads = (int)units;
-    if (num_threads > 1 && (forked_after_parallel || gdn_bytes_moved(p) < parallel_min_bytes)) num_threads = 1;
+    if (num_threads > 1 && (gdn_bytes_moved(p) < parallel_min_bytes || forked())) num_threads = 1;
     const int convert = p->weight_scratch && p->batch > num_threads && converts_weights(p, isa, kernel);
     const int64_t per_thread = (p->width + 1) * p->dim;
 #ifdef _OPENMP
     if (num_threads > 1) {
-        parallel_used = 1;
         /* contiguous ranges of units per thread: with one request, units are
          * neighbouring channel blocks, and interleaving them across threads measured
          * slower (B=8: 1.08x vs 1.58x from a second thread) */

@@ -11,9 +11,16 @@ Design:
   already.
 - Every check of the error list runs before ``gdn_run``; the index arrays are
   checked in C (``gdn_validate``) in one pass. Nothing is written before that.
+- Lifetimes: every argument conversion that can run user code (``__array__``,
+  ``__len__``, torch methods) runs before the first pointer is taken, and every
+  buffer the kernel touches (arguments, copies, the weight scratch) is held by the
+  call (``_Call.keep``) until ``gdn_run`` returns; a tensor through its storage.
 - ``conv_state`` and ``out`` are never copied. ``x`` is copied only when its
   channels are not contiguous and ``out`` is not ``x`` (so the SIMD path applies).
-- The GIL is released around ``gdn_run``; threads start only inside it.
+  A read-only input whose overlap with a written array NumPy cannot decide within a
+  bounded search (``_shares``) is copied; two such written arrays are refused.
+- The GIL is released around ``gdn_run``; threads start only inside it. A forked
+  child runs every call on its calling thread (``gdn_fork_guard_init``).
 - A call with several requests lends ``gdn_run`` a float32 scratch kept per Python
   thread (``_weight_scratch``), where its threads convert the weights once.
 """
@@ -113,7 +120,8 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
                      int64_t *bad_value)
     int64_t gdn_bytes_moved(const gdn_params *p)
     int64_t gdn_set_parallel_min_bytes(int64_t bytes)
-    void gdn_after_fork_in_child()
+    void gdn_fork_guard_init()
+    int gdn_num_procs()
     int64_t gdn_weight_scratch_floats(const gdn_params *p, int num_threads)
     void gdn_run(const gdn_params *p, int num_threads)
 
@@ -204,8 +212,10 @@ cdef str _dtype_name(object a):
     return str(a.dtype)
 
 
-cdef int _view(object a, View *v, str name) except -1:
-    """Fill v from a NumPy array or a torch CPU tensor (no copy)."""
+cdef object _view(object a, View *v, str name):
+    """Fill v from a NumPy array or a torch CPU tensor (no copy). Returns the object
+    that keeps the memory at v.ptr alive, which the call holds until the kernel has
+    returned: the array, or the tensor's storage (see _storage)."""
     cdef cnp.ndarray arr
     cdef int i
     cdef int64_t size
@@ -223,6 +233,7 @@ cdef int _view(object a, View *v, str name) except -1:
         v.dtype = _numpy_dtype_code(arr)
         v.writeable = cnp.PyArray_ISWRITEABLE(arr)
         v.torch = False
+        owner = a
         for i in range(v.ndim):
             v.shape[i] = cnp.PyArray_DIMS(arr)[i]
             if cnp.PyArray_STRIDES(arr)[i] % v.itemsize:
@@ -230,6 +241,7 @@ cdef int _view(object a, View *v, str name) except -1:
                                  f"its item size {v.itemsize}")
             v.strides[i] = cnp.PyArray_STRIDES(arr)[i] // v.itemsize
     elif _is_tensor(a):
+        owner = _storage(a)
         cap = _dl_export(a, &t)
         if cap is not None and t.ndim <= 3:
             v.ndim = t.ndim
@@ -248,14 +260,15 @@ cdef int _view(object a, View *v, str name) except -1:
                 raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
             if a.layout is not _torch.strided or getattr(a, "is_nested", False):
                 raise TypeError(f"{name} must be a dense tensor, got a {_layout_name(a)} tensor")
-            shape = a.shape
+            owner = a.detach()   # (its own handle on the storage)
+            shape = owner.shape
             v.ndim = len(shape)
             if v.ndim > 3:
                 raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(shape)}")
-            v.ptr = <char *><uintptr_t>a.data_ptr()
-            v.dtype = _torch_dtypes.get(a.dtype, KIND_OTHER)
-            v.itemsize = 4 if v.dtype == GDN_F32 else 2 if v.dtype != KIND_OTHER else a.element_size()
-            strides = a.stride()
+            v.ptr = <char *><uintptr_t>owner.data_ptr()
+            v.dtype = _torch_dtypes.get(owner.dtype, KIND_OTHER)
+            v.itemsize = 4 if v.dtype == GDN_F32 else 2 if v.dtype != KIND_OTHER else owner.element_size()
+            strides = owner.stride()
             for i in range(v.ndim):
                 v.shape[i] = shape[i]
                 v.strides[i] = strides[i]
@@ -273,7 +286,7 @@ cdef int _view(object a, View *v, str name) except -1:
                          f"pass a materialised tensor such as {name}.clone()")
     if size and (<uintptr_t>v.ptr) % v.itemsize:
         raise ValueError(f"{name} data is not aligned to its item size {v.itemsize}")
-    return 0
+    return owner
 
 
 cdef object _native(object a):
@@ -341,14 +354,65 @@ cdef object _raw(const View *v):
                                 tuple(v.strides[i] for i in range(v.ndim)), v.itemsize))
 
 
-cdef bint _overlap(const View *a, const View *b):
+cdef int64_t _size(const View *v):
+    cdef int64_t n = 1
+    cdef int i
+    for i in range(v.ndim):
+        n *= v.shape[i]
+    return n
+
+
+_TooHardError = getattr(np, "exceptions", np).TooHardError
+
+
+cdef int _shares(const View *a, const View *b) except -2:
+    """1: a and b share memory; 0: they do not; -1: NumPy could not tell within
+    16 + (elements of both) / 256 steps of its exact search. A step measured ~0.25 us,
+    so the bound is ~1 ns per element, a small multiple of the time a call takes to
+    move one; without it, interleaved strided views can take minutes. Legal layouts
+    (halves or alternate channels of one buffer, rows of a fused cache) take 1 step."""
     cdef uintptr_t alo, ahi, blo, bhi
     _extent(a, &alo, &ahi)
     _extent(b, &blo, &bhi)
     if alo == ahi or blo == bhi or ahi <= blo or bhi <= alo:
-        return False
+        return 0
     # extents overlap: interleaved views (two slices of one fused buffer) may still be disjoint
-    return np.shares_memory(_raw(a), _raw(b))
+    try:
+        return np.shares_memory(_raw(a), _raw(b), max_work=16 + (_size(a) + _size(b)) // 256)
+    except _TooHardError:
+        return -1
+
+
+cdef int _refuse_shared(const View *a, str name, const View *b, str bname) except -1:
+    """Two written arrays must not share memory; an undecided pair is refused too."""
+    cdef int shared = _shares(a, b)
+    if shared == 1:
+        raise ValueError(f"{name} overlaps {bname}")
+    if shared == -1:
+        raise ValueError(f"{name} may overlap {bname}: their strides interleave in a way NumPy could "
+                         f"not check within a bounded time; pass {name} and {bname} as separate "
+                         f"allocations, or as slices of one buffer along a single axis")
+    return 0
+
+
+cdef int _read_apart(_Call c, View *r, str name, const View *w, str wname, str detail="") except -1:
+    """A read-only argument must not share memory with an array the call writes: raises
+    when it does. When NumPy cannot tell (see _shares), r is pointed at a private copy
+    of its elements, which the call keeps."""
+    cdef int shared = _shares(r, w)
+    if shared == 1:
+        raise ValueError(f"{name} overlaps {wname}{detail}")
+    if shared == 0:
+        return 0
+    copy = np.array(_raw(r), order="C")
+    c.keep.append(copy)
+    r.ptr = <char *>cnp.PyArray_DATA(<cnp.ndarray>copy)
+    cdef int64_t stride = 1
+    cdef int i
+    for i in range(r.ndim - 1, -1, -1):
+        r.strides[i] = stride
+        stride *= r.shape[i]
+    return 0
 
 
 cdef bint _same_shape(const View *a, const View *b):
@@ -381,28 +445,70 @@ cdef object _int32_view(object owner, char *ptr, int64_t n, View *v):
     return owner
 
 
-cdef object _index_array(object a, str name, int64_t n, View *v):
-    """(n,) int32 view of an index argument; returns the object that owns the memory."""
-    cdef uintptr_t ptr
+cdef object _storage(object a):
+    """What keeps a tensor's memory alive while the call runs, taken before its pointer:
+    its storage. A DLPack capsule would not: it shares the tensor's TensorImpl, so a
+    ``.set_()`` in code that runs later in the call (a subclass's or mode's
+    ``__torch_function__``) frees the memory under it. (A detached alias where the
+    storage cannot be had, as for tensors without memory, refused later.)"""
+    try:
+        return a.untyped_storage()
+    except Exception:
+        return a.detach()
+
+
+cdef object _index_source(object a, str name, list keep):
+    """An index argument as _index_array reads it without running any user code: None,
+    a NumPy array, or the DLPack capsule of a 1-D int32 unit-stride CPU tensor (read in
+    place: .numpy() costs ~0.7 us; its storage goes to keep). Everything that can run
+    user code (``__array__``, ``__len__``, torch methods) happens here, before the call
+    takes any pointer."""
     cdef gdn_dl_tensor *t
-    if _is_tensor(a):
-        if a.is_neg():   # torch's values are the negated memory
-            a = a.resolve_neg()
-        cap = _dl_export(a, &t)
-        if (cap is not None and t.ndim == 1 and t.dtype.code == DL_INT and t.dtype.bits == 32 and
-                t.shape[0] == n and (n <= 1 or t.strides == NULL or t.strides[0] == 1)):
-            ptr = <uintptr_t>t.data + t.byte_offset   # the common case read in place (.numpy() costs ~0.7 us)
-            if ptr % 4 == 0 and (ptr != 0 or n == 0):
-                return _int32_view(a, <char *>ptr, n, v)
-        if not a.is_cpu:
-            raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
-        if a.layout is not _torch.strided or getattr(a, "is_nested", False):
-            raise TypeError(f"{name} must be a dense integer tensor (int32), got a {_layout_name(a)} tensor")
-        if a.dtype.is_floating_point or a.dtype.is_complex or a.dtype is _torch.bool:
-            raise TypeError(f"{name} must be an integer array (int32), got dtype {_dtype_name(a)}")
-        a = a.numpy(force=True)   # (force: a zero tensor has no memory to share)
-    elif not cnp.PyArray_Check(a):
-        a = np.asarray(a)
+    cdef uintptr_t ptr
+    if a is None or cnp.PyArray_Check(a):
+        return a
+    if not _is_tensor(a):
+        return np.asarray(a)
+    if a.is_neg():   # torch's values are the negated memory
+        a = a.resolve_neg()
+    store = _storage(a)
+    cap = _dl_export(a, &t)
+    if (cap is not None and t.ndim == 1 and t.dtype.code == DL_INT and t.dtype.bits == 32 and
+            (t.shape[0] <= 1 or t.strides == NULL or t.strides[0] == 1)):
+        ptr = <uintptr_t>t.data + t.byte_offset
+        if ptr % 4 == 0 and (ptr != 0 or t.shape[0] == 0):
+            keep.append(store)
+            return cap
+    if not a.is_cpu:
+        raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
+    if a.layout is not _torch.strided or getattr(a, "is_nested", False):
+        raise TypeError(f"{name} must be a dense integer tensor (int32), got a {_layout_name(a)} tensor")
+    if a.dtype.is_floating_point or a.dtype.is_complex or a.dtype is _torch.bool:
+        raise TypeError(f"{name} must be an integer array (int32), got dtype {_dtype_name(a)}")
+    # a copy: an array sharing the tensor's memory would not keep it alive
+    # (force: a zero tensor has no memory to share)
+    return np.array(a.numpy(force=True))
+
+
+cdef int64_t _index_len(object src, str name) except -1:
+    """Entries of a 1-D index source (see _index_source)."""
+    if not cnp.PyArray_Check(src):
+        return (<gdn_dl_tensor *>PyCapsule_GetPointer(src, "dltensor")).shape[0]
+    if cnp.PyArray_NDIM(<cnp.ndarray>src) != 1:
+        raise ValueError(f"{name} must be 1-D (B + 1,), got shape {src.shape}")
+    return cnp.PyArray_DIMS(<cnp.ndarray>src)[0]
+
+
+cdef object _index_array(object src, str name, int64_t n, View *v):
+    """(n,) int32 view of an index source (see _index_source); returns the object that
+    owns the memory (the capsule, the source array or its int32 copy)."""
+    cdef gdn_dl_tensor *t
+    if not cnp.PyArray_Check(src):
+        t = <gdn_dl_tensor *>PyCapsule_GetPointer(src, "dltensor")
+        if t.shape[0] != n:
+            raise ValueError(f"{name} must have shape ({n},), got ({t.shape[0]},)")
+        return _int32_view(src, <char *>t.data + t.byte_offset, n, v)
+    a = src
     cdef cnp.ndarray arr = <cnp.ndarray>a
     if cnp.PyArray_NDIM(arr) != 1 or cnp.PyArray_DIMS(arr)[0] != n:
         raise ValueError(f"{name} must have shape ({n},), got {a.shape}")
@@ -418,6 +524,12 @@ cdef object _index_array(object a, str name, int64_t n, View *v):
 # ------------------------------------------------------------- thread setting
 
 def _affinity_count():
+    """CPUs this process may use. The OpenMP runtime's count where the build has one:
+    with OMP_PROC_BIND set, libgomp pins the calling thread to one CPU, and that
+    thread's own mask (sched_getaffinity) would then say 1."""
+    n = gdn_num_procs()
+    if n > 0:
+        return n
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -435,12 +547,7 @@ def _default_num_threads():
 cdef int _num_threads = _default_num_threads()
 
 
-def _after_fork_in_child():
-    gdn_after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+gdn_fork_guard_init()   # a forked child runs every call on its calling thread (see dispatch.c)
 
 
 cdef int _check_threads(object n, str name) except -1:
@@ -562,8 +669,10 @@ cdef class _Call:
 cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted_tokens,
                   conv_state_indices, query_start_loc, pad_slot_id, out) except -1:
     """Every check of a call, then its params; nothing is written. x, weight and bias
-    must already be in native byte order (see _native)."""
-    cdef int64_t B, T, N = 0, D, W, L, S, bad_i = 0, bad_v = 0
+    must already be in native byte order (see _native). Arguments are converted (which
+    can run user code) before any pointer is taken, and every pointer comes from an
+    object c.keep holds."""
+    cdef int64_t B, T, N = 0, D, W, L, S, pad, bad_i = 0, bad_v = 0
     cdef int dt, wdt, rc
     cdef bint out_is_x = False
 
@@ -578,11 +687,16 @@ cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted
         raise TypeError(f"pad_slot_id must be an integer, got {pad_slot_id!r}")
     if not -2**63 <= pad_slot_id < 2**63:
         raise ValueError(f"pad_slot_id = {pad_slot_id} is outside the int64 range")
+    pad = int(pad_slot_id)
+    keep = c.keep
+    query_start_loc = _index_source(query_start_loc, "query_start_loc", keep)
+    conv_state_indices = _index_source(conv_state_indices, "conv_state_indices", keep)
+    num_accepted_tokens = _index_source(num_accepted_tokens, "num_accepted_tokens", keep)
 
     # ---- arrays and dtypes
-    _view(x, &c.xv, "x")
-    _view(conv_state, &c.sv, "conv_state")
-    _view(weight, &c.wv, "weight")
+    keep.append(_view(x, &c.xv, "x"))
+    keep.append(_view(conv_state, &c.sv, "conv_state"))
+    keep.append(_view(weight, &c.wv, "weight"))
     dt = _dtype_of(&c.xv, x, "x")
     if _dtype_of(&c.sv, conv_state, "conv_state") != dt:
         raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
@@ -591,12 +705,12 @@ cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted
         raise TypeError(f"weight dtype {_dtype_name(weight)} does not match x dtype {_dtype_name(x)} "
                         f"(float32 weights are also accepted)")
     if bias is not None:
-        _view(bias, &c.bv, "bias")
+        keep.append(_view(bias, &c.bv, "bias"))
         if _dtype_of(&c.bv, bias, "bias") != wdt:
             raise TypeError(f"bias dtype {_dtype_name(bias)} does not match weight dtype {_dtype_name(weight)}"
                             f" (with float32 or packed weights, pass a float32 bias)")
     if out is not None:
-        _view(out, &c.ov, "out")
+        keep.append(_view(out, &c.ov, "out"))
         if _dtype_of(&c.ov, out, "out") != dt:
             raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
 
@@ -635,9 +749,7 @@ cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted
             B = c.xv.shape[0]
         else:
             N = c.xv.shape[0]
-            if np.ndim(query_start_loc) != 1:
-                raise ValueError(f"query_start_loc must be 1-D (B + 1,), got shape {np.shape(query_start_loc)}")
-            B = len(query_start_loc) - 1
+            B = _index_len(query_start_loc, "query_start_loc") - 1
             if B < 0:
                 raise ValueError("query_start_loc must have B + 1 >= 1 entries, got 0")
     else:
@@ -659,36 +771,33 @@ cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted
     c.p.conv_state_indices = NULL
     c.p.num_accepted_tokens = NULL
     c.p.query_start_loc = NULL
-    keep = c.keep
     if query_start_loc is not None:
         keep.append(_index_array(query_start_loc, "query_start_loc", B + 1, &c.qv))
-        c.p.query_start_loc = <const int32_t *>c.qv.ptr
     if conv_state_indices is not None:
         keep.append(_index_array(conv_state_indices, "conv_state_indices", B, &c.iv))
-        c.p.conv_state_indices = <const int32_t *>c.iv.ptr
     elif B > S:
         raise ValueError(f"batch {B} needs conv_state_indices: conv_state has only {S} slots")
     if num_accepted_tokens is not None:
         keep.append(_index_array(num_accepted_tokens, "num_accepted_tokens", B, &c.nv))
-        c.p.num_accepted_tokens = <const int32_t *>c.nv.ptr
 
     # ---- aliasing: what is written must not share memory with what is read
     if out is not None:
-        if _overlap(&c.ov, &c.sv):
-            raise ValueError("out overlaps conv_state")
-        if not out_is_x and _overlap(&c.ov, &c.xv):
-            raise ValueError("out overlaps x without being x")
-    if _overlap(&c.sv, &c.xv):
-        raise ValueError("x overlaps conv_state")
-    _refuse_overlap(&c.wv, "weight", &c.sv, &c.ov, out is not None)
+        _refuse_shared(&c.ov, "out", &c.sv, "conv_state")
+        if not out_is_x:
+            _read_apart(c, &c.xv, "x", &c.ov, "out", " without being out")
+    _read_apart(c, &c.xv, "x", &c.sv, "conv_state")
+    _keep_apart(c, &c.wv, "weight", out is not None)
     if bias is not None:
-        _refuse_overlap(&c.bv, "bias", &c.sv, &c.ov, out is not None)
+        _keep_apart(c, &c.bv, "bias", out is not None)
     if conv_state_indices is not None:
-        _refuse_overlap(&c.iv, "conv_state_indices", &c.sv, &c.ov, out is not None)
+        _keep_apart(c, &c.iv, "conv_state_indices", out is not None)
+        c.p.conv_state_indices = <const int32_t *>c.iv.ptr
     if num_accepted_tokens is not None:
-        _refuse_overlap(&c.nv, "num_accepted_tokens", &c.sv, &c.ov, out is not None)
+        _keep_apart(c, &c.nv, "num_accepted_tokens", out is not None)
+        c.p.num_accepted_tokens = <const int32_t *>c.nv.ptr
     if query_start_loc is not None:
-        _refuse_overlap(&c.qv, "query_start_loc", &c.sv, &c.ov, out is not None)
+        _keep_apart(c, &c.qv, "query_start_loc", out is not None)
+        c.p.query_start_loc = <const int32_t *>c.qv.ptr
 
     # ---- params
     c.p.batch = B
@@ -697,7 +806,7 @@ cdef int _prepare(_Call c, x, conv_state, weight, bias, activation, num_accepted
     c.p.state_len = L
     c.p.num_slots = S
     c.p.seqlen = T
-    c.p.pad_slot_id = pad_slot_id
+    c.p.pad_slot_id = pad
     c.p.dtype = dt
     c.p.weight_dtype = wdt
     c.p.weight = c.wv.ptr
@@ -792,17 +901,17 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
              query_start_loc, pad_slot_id, out)
     if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
         x = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
-        _view(x, &c.xv, "x")
+        c.keep.append(_view(x, &c.xv, "x"))
     c.p.zero_skipped = out is None
     if out is None:
         out = _new_like(x, &c.xv)
-        _view(out, &c.ov, "out")
+        c.keep.append(_view(out, &c.ov, "out"))
     _fill_rows(&c.p.x, &c.p.x_stride_b, &c.p.x_stride_t, &c.p.x_stride_d, &c.xv, query_start_loc is not None)
     _fill_rows(<const void **>&c.p.out, &c.p.out_stride_b, &c.p.out_stride_t, &c.p.out_stride_d, &c.ov,
                query_start_loc is not None)
     cdef int64_t scratch = gdn_weight_scratch_floats(&c.p, nthreads)
     if scratch:
-        c.p.weight_scratch = _weight_scratch(scratch)
+        c.p.weight_scratch = _weight_scratch(c, scratch)
     with nogil:
         gdn_run(&c.p, nthreads)
     return out
@@ -811,24 +920,25 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
 _scratch = threading.local()
 
 
-cdef float *_weight_scratch(int64_t n) except NULL:
+cdef float *_weight_scratch(_Call c, int64_t n) except NULL:
     """This thread's scratch of at least ``n`` float32 (kept between calls, grown when
     needed, so no call allocates it twice): a SIMD call with several requests
-    converts its weights into it once instead of once per request."""
+    converts its weights into it once instead of once per request. The call holds it
+    too: at interpreter exit the thread-local is freed while a daemon thread's kernel
+    may still be using it."""
     buf = getattr(_scratch, "w", None)
     if buf is None or cnp.PyArray_DIM(<cnp.ndarray>buf, 0) < n:
         buf = np.empty(n, np.float32)
         _scratch.w = buf
+    c.keep.append(buf)
     return <float *>cnp.PyArray_DATA(<cnp.ndarray>buf)
 
 
-cdef int _refuse_overlap(const View *r, str name, const View *state, const View *out,
-                         bint has_out) except -1:
-    """A read-only argument must not share memory with conv_state or out."""
-    if _overlap(state, r):
-        raise ValueError(f"{name} overlaps conv_state")
-    if has_out and _overlap(out, r):
-        raise ValueError(f"{name} overlaps out")
+cdef int _keep_apart(_Call c, View *r, str name, bint has_out) except -1:
+    """A read-only argument must not share memory with conv_state or out (see _read_apart)."""
+    _read_apart(c, r, name, &c.sv, "conv_state")
+    if has_out:
+        _read_apart(c, r, name, &c.ov, "out")
     return 0
 
 
