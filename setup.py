@@ -12,7 +12,10 @@ import sys
 import tempfile
 import warnings
 
-OPT_FLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-function"]
+# GDNCONV_OPT_FLAGS replaces them (scripts/sanitize.sh builds with -O1: ASan+UBSan
+# at -O3 took over 15 minutes for one kernel file on the 2-core VM)
+OPT_FLAGS = shlex.split(os.environ.get("GDNCONV_OPT_FLAGS", "")) or [
+    "-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-unused-function"]
 SOURCES = ["src/gdnconv/_core.pyx"] + [
     f"src/csrc/{name}.c" for name in ("cpu_features", "dispatch", "conv_scalar", "conv_avx2", "conv_avx512")
 ]
