@@ -4,7 +4,7 @@ valid ones checked against gdnconv.reference, refused ones for unchanged buffers
 
     PYTHONPATH=src python scripts/fuzz.py --calls 20000 --seed 1
 
-(the suite runs 1200 calls of seed 11). Needs the test dependencies (pytest, ml_dtypes;
+(the suite runs 3000 calls of seed 11). Needs the test dependencies (pytest, ml_dtypes;
 torch for the tensor calls). Prints the count of each kind of call; a failure prints
 the seed and call number, which ``--first N --calls 1`` replays alone.
 """

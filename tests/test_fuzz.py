@@ -21,7 +21,7 @@ import pytest
 import gdnconv
 from conftest import BF16, bits, make_call, run_and_check
 
-CALLS = int(os.environ.get("GDNCONV_FUZZ_CALLS", "1200"))
+CALLS = int(os.environ.get("GDNCONV_FUZZ_CALLS", "3000"))
 SEED = int(os.environ.get("GDNCONV_FUZZ_SEED", "11"))
 INVALID_SHARE = 0.4
 
@@ -104,7 +104,7 @@ def f_bias_shape(c, kw, rng):
 
 
 def f_state_rank(c, kw, rng):
-    kw["conv_state"] = kw["conv_state"][0]
+    kw["conv_state"] = np.zeros(kw["conv_state"].shape[1:], kw["conv_state"].dtype)   # (S may be 0)
     return ValueError
 
 
@@ -205,9 +205,15 @@ def f_x_overlaps_state(c, kw, rng):
     if kw["x"].size == 0 or st.size == 0:
         return None
     flat = np.asarray(_root(st)).reshape(-1)
-    if flat.dtype != st.dtype or flat.size < kw["x"].size or not np.shares_memory(flat[:kw["x"].size], st):
+    if flat.dtype != st.dtype or flat.size < kw["x"].size:
         return None
-    kw["x"] = flat[:kw["x"].size].reshape(kw["x"].shape)
+    x = flat[:kw["x"].size].reshape(kw["x"].shape)
+    try:   # an overlap gdnconv's bounded check cannot decide is read from a copy instead
+        if not np.shares_memory(x, st, max_work=16 + (x.size + st.size) // 256):
+            return None
+    except np.exceptions.TooHardError:
+        return None
+    kw["x"] = x
     kw["out"] = None
     return ValueError
 
@@ -252,8 +258,12 @@ def _refused(call, rng, num_threads):
         watched = [a for a in kw.values() if isinstance(a, np.ndarray)]
         roots = [_root(a) for a in watched]
         before = [bits(r) for r in roots]
-        with pytest.raises(exc):
+        try:
             gdnconv.conv_update_multi(**kw)
+        except exc:
+            pass
+        else:
+            raise AssertionError(f"{fault.__name__}: the call did not raise {exc.__name__}")
         for r, b in zip(roots, before):
             assert np.array_equal(bits(r), b), f"{fault.__name__}: a refused call changed a buffer"
         return fault.__name__

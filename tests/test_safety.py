@@ -15,8 +15,7 @@ import pytest
 from numpy.lib.stride_tricks import as_strided
 
 import gdnconv
-from conftest import (as_np, assert_bits_equal, assert_out_close, bits, make_call, reference,
-                      run_and_check, run_python)
+from conftest import assert_bits_equal, assert_out_close, bits, reference, run_python
 
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="fork, glibc and OMP_PROC_BIND behaviour of Linux")
 UNMAP_FREED = {"MALLOC_MMAP_THRESHOLD_": "65536"}
