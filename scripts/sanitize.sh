@@ -38,7 +38,7 @@ mkdir -p "$out/lib"
 start=$(date +%s)
 echo "== building with $flags -O1"
 CFLAGS="$flags" LDFLAGS="$flags" GDNCONV_OPT_FLAGS="-O1 -fno-math-errno -fno-trapping-math -Wno-unused-function" \
-    python setup.py build_ext -b "$out/lib" -t "$out/tmp" > "$out/build.log" 2>&1 \
+    python setup.py build_ext -j "$(nproc)" -b "$out/lib" -t "$out/tmp" > "$out/build.log" 2>&1 \
     || { tail -n 40 "$out/build.log"; exit 1; }
 cp src/gdnconv/*.py "$out/lib/gdnconv/"
 ldd "$out"/lib/gdnconv/_core*.so | grep -Eq 'libgomp|libomp' \
