@@ -27,12 +27,14 @@ DTYPES = {"fp32": F32, "fp16": F16, "bf16": BF16}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def run_python(code, **env):
+def run_python(code, timeout=120, **env):
     """Run code in a fresh interpreter that imports this gdnconv, with env added to the
-    environment; returns the CompletedProcess (text output captured)."""
+    environment; returns the CompletedProcess (text output captured). Raises
+    subprocess.TimeoutExpired after timeout seconds."""
     full = dict(os.environ, **env)
     full["PYTHONPATH"] = os.pathsep.join(p for p in [full.get("PYTHONPATH", "")] + sys.path if p)
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 # ----------------------------------------------------------------- arrays

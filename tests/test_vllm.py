@@ -220,7 +220,7 @@ def test_speculative_matches_vllm_cpu_op():
     state length W-2+T as vLLM allocates it."""
     ops = _vllm_lib()
     if not torch.cpu._is_avx512_bf16_supported():
-        pytest.skip("vLLM's causal_conv1d_update_cpu needs AVX512-BF16")
+        pytest.skip("CPU lacks avx512_bf16, which vLLM's causal_conv1d_update_cpu needs")
     B, D, W, T, S = 3, 64, 4, 3, 5
     L = W - 2 + T
     conv_state, weight, bias, tokens = _tensors(6, "bf16", B, T, D, W, L, S, "SD")

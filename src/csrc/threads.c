@@ -6,6 +6,11 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#include <unistd.h>
+#define GDN_HAVE_FORK 1
+#endif
 
 /* Below this many bytes a call runs on the calling thread: a second thread gained
  * 0.96x at 84 kB, 1.14x at 168 kB and 1.29x at 336 kB (B=1, T=4, bf16, D = 2048,
@@ -19,25 +24,49 @@ int64_t gdn_set_parallel_min_bytes(int64_t bytes) {
     return previous;
 }
 
-/* GNU OpenMP cannot run a parallel region in a process forked from one that had
- * already run one (the child waits forever for the parent's pool), so such a child
- * runs every call on its calling thread. */
-static int parallel_used, forked_after_parallel;
+/* A forked child runs every call on its calling thread. GNU OpenMP cannot run a
+ * parallel region in a child of a process that had started its pool (the child
+ * waits forever for the parent's threads), and the pool is shared with every other
+ * user of the same libgomp (torch's), so whether it was started is not knowable
+ * here. pthread_atfork sees every fork() through libc (os.fork, multiprocessing,
+ * C code); the pid check, made only before a parallel region, sees a raw clone(). */
+static int in_forked_child;
+#ifdef GDN_HAVE_FORK
+static pid_t guard_pid;
+static void mark_forked_child(void) { in_forked_child = 1; }
+#endif
 
-void gdn_after_fork_in_child(void) {
-    if (parallel_used) forked_after_parallel = 1;
+void gdn_fork_guard_init(void) {
+#ifdef GDN_HAVE_FORK
+    guard_pid = getpid();
+    pthread_atfork(NULL, NULL, mark_forked_child);
+#endif
+}
+
+static int forked(void) {
+#ifdef GDN_HAVE_FORK
+    if (!in_forked_child && getpid() != guard_pid) in_forked_child = 1;
+#endif
+    return in_forked_child;
+}
+
+int gdn_num_procs(void) {
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 0;
+#endif
 }
 
 int gdn_threads_for(int num_threads, int64_t units, int64_t bytes) {
     if (num_threads > units) num_threads = (int)units;
-    if (num_threads > 1 && (forked_after_parallel || bytes < parallel_min_bytes)) num_threads = 1;
+    if (num_threads > 1 && (bytes < parallel_min_bytes || forked())) num_threads = 1;
     return num_threads < 1 ? 1 : num_threads;
 }
 
 void gdn_parallel_for(int nthreads, int64_t units, gdn_range_fn fn, void *ctx) {
 #ifdef _OPENMP
     if (nthreads > 1) {
-        parallel_used = 1;
         /* contiguous ranges of units per thread: with one request, units are
          * neighbouring channel blocks, and interleaving them across threads measured
          * slower (B=8: 1.08x vs 1.58x from a second thread) */

@@ -10,8 +10,7 @@
 typedef void (*gdn_range_fn)(void *ctx, int64_t u0, int64_t u1);
 
 /* Threads for a call of `units` units that moves `bytes` bytes: at most num_threads
- * and units, and 1 below the size threshold or in a child forked after a parallel
- * region. */
+ * and units, and 1 below the size threshold or in a forked child. */
 int gdn_threads_for(int num_threads, int64_t units, int64_t bytes);
 
 /* fn(ctx, u0, u1) over contiguous ranges of [0, units), one per thread, on nthreads
@@ -26,8 +25,13 @@ float *gdn_thread_scratch(int64_t n);
 /* Calls moving fewer bytes run on the calling thread; returns the previous value. */
 int64_t gdn_set_parallel_min_bytes(int64_t bytes);
 
-/* Call in the child after fork(): a child of a process that ran a parallel region
- * then runs every call on its calling thread. */
-void gdn_after_fork_in_child(void);
+/* Call once before any call (the extension does at import): from then on, a process
+ * forked from this one runs every call on its calling thread. */
+void gdn_fork_guard_init(void);
+
+/* CPUs the process may use as the OpenMP runtime counts them (its count stays the
+ * process's when OMP_PROC_BIND pins the calling thread to one CPU); 0 in a build
+ * without OpenMP. */
+int gdn_num_procs(void);
 
 #endif

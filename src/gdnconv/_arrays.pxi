@@ -4,7 +4,7 @@
 #
 # Order within a call: every argument that can run user code when converted (a
 # sequence or an object with __array__) is converted first (_input_array,
-# _index_input); views and pointers are taken afterwards, from objects the call
+# _index_source); views and pointers are taken afterwards, from objects the call
 # holds until the kernel returns.
 
 cdef extern from "numpy/ndarraytypes.h":
@@ -129,8 +129,10 @@ cdef str _dtype_name(object a):
     return str(a.dtype)
 
 
-cdef int _view(object a, View *v, str name) except -1:
-    """Fill v from a NumPy array or a torch CPU tensor (no copy)."""
+cdef object _view(object a, View *v, str name):
+    """Fill v from a NumPy array or a torch CPU tensor (no copy). Returns the object
+    that keeps the memory at v.ptr alive, which the call holds until the kernel has
+    returned: the array, or the tensor's storage (see _storage)."""
     cdef cnp.ndarray arr
     cdef int i
     cdef int64_t size
@@ -148,6 +150,7 @@ cdef int _view(object a, View *v, str name) except -1:
         v.dtype = _numpy_dtype_code(arr)
         v.writeable = cnp.PyArray_ISWRITEABLE(arr)
         v.torch = False
+        owner = a
         for i in range(v.ndim):
             v.shape[i] = cnp.PyArray_DIMS(arr)[i]
             if cnp.PyArray_STRIDES(arr)[i] % v.itemsize:
@@ -155,6 +158,7 @@ cdef int _view(object a, View *v, str name) except -1:
                                  f"its item size {v.itemsize}")
             v.strides[i] = cnp.PyArray_STRIDES(arr)[i] // v.itemsize
     elif _is_tensor(a):
+        owner = _storage(a)
         cap = _dl_export(a, &t)
         if cap is not None and t.ndim <= 3:
             v.ndim = t.ndim
@@ -173,14 +177,15 @@ cdef int _view(object a, View *v, str name) except -1:
                 raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
             if a.layout is not _torch.strided or getattr(a, "is_nested", False):
                 raise TypeError(f"{name} must be a dense tensor, got a {_layout_name(a)} tensor")
-            shape = a.shape
+            owner = a.detach()   # (its own handle on the storage)
+            shape = owner.shape
             v.ndim = len(shape)
             if v.ndim > 3:
                 raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(shape)}")
-            v.ptr = <char *><uintptr_t>a.data_ptr()
-            v.dtype = _torch_dtypes.get(a.dtype, KIND_OTHER)
-            v.itemsize = 4 if v.dtype == GDN_F32 else 2 if v.dtype != KIND_OTHER else a.element_size()
-            strides = a.stride()
+            v.ptr = <char *><uintptr_t>owner.data_ptr()
+            v.dtype = _torch_dtypes.get(owner.dtype, KIND_OTHER)
+            v.itemsize = 4 if v.dtype == GDN_F32 else 2 if v.dtype != KIND_OTHER else owner.element_size()
+            strides = owner.stride()
             for i in range(v.ndim):
                 v.shape[i] = shape[i]
                 v.strides[i] = strides[i]
@@ -198,7 +203,7 @@ cdef int _view(object a, View *v, str name) except -1:
                          f"pass a materialised tensor such as {name}.clone()")
     if size and (<uintptr_t>v.ptr) % v.itemsize:
         raise ValueError(f"{name} data is not aligned to its item size {v.itemsize}")
-    return 0
+    return owner
 
 
 cdef object _native(object a):
@@ -238,25 +243,70 @@ cdef object _int32_view(object owner, char *ptr, int64_t n, View *v):
     return owner
 
 
-cdef object _index_array(object a, str name, int64_t n, View *v):
-    """(n,) int32 view of an index argument from _index_input; returns the object that
-    owns the memory (the call keeps it)."""
-    cdef uintptr_t ptr
+cdef object _storage(object a):
+    """What keeps a tensor's memory alive while the call runs, taken before its pointer:
+    its storage. A DLPack capsule would not: it shares the tensor's TensorImpl, so a
+    ``.set_()`` in code that runs later in the call (a subclass's or mode's
+    ``__torch_function__``) frees the memory under it. (A detached alias where the
+    storage cannot be had, as for tensors without memory, refused later.)"""
+    try:
+        return a.untyped_storage()
+    except Exception:
+        return a.detach()
+
+
+cdef object _index_source(object a, str name, list keep):
+    """An index argument as _index_array reads it without running any user code: None,
+    a NumPy array, or the DLPack capsule of a 1-D int32 unit-stride CPU tensor (read in
+    place: .numpy() costs ~0.7 us; its storage goes to keep). Everything that can run
+    user code (``__array__``, ``__len__``, torch methods) happens here, before the call
+    takes any pointer."""
     cdef gdn_dl_tensor *t
-    if _is_tensor(a):
-        cap = _dl_export(a, &t)
-        if (cap is not None and t.ndim == 1 and t.dtype.code == DL_INT and t.dtype.bits == 32 and
-                t.shape[0] == n and (n <= 1 or t.strides == NULL or t.strides[0] == 1)):
-            ptr = <uintptr_t>t.data + t.byte_offset   # the common case read in place (.numpy() costs ~0.7 us)
-            if ptr % 4 == 0 and (ptr != 0 or n == 0):
-                return _int32_view(a, <char *>ptr, n, v)
-        if not a.is_cpu:
-            raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
-        if a.layout is not _torch.strided or getattr(a, "is_nested", False):
-            raise TypeError(f"{name} must be a dense integer tensor (int32), got a {_layout_name(a)} tensor")
-        if a.dtype.is_floating_point or a.dtype.is_complex or a.dtype is _torch.bool:
-            raise TypeError(f"{name} must be an integer array (int32), got dtype {_dtype_name(a)}")
-        a = a.numpy(force=True)   # (force: a zero tensor has no memory to share)
+    cdef uintptr_t ptr
+    if a is None or cnp.PyArray_Check(a):
+        return a
+    if not _is_tensor(a):
+        return np.asarray(a)
+    if a.is_neg():   # torch's values are the negated memory
+        a = a.resolve_neg()
+    store = _storage(a)
+    cap = _dl_export(a, &t)
+    if (cap is not None and t.ndim == 1 and t.dtype.code == DL_INT and t.dtype.bits == 32 and
+            (t.shape[0] <= 1 or t.strides == NULL or t.strides[0] == 1)):
+        ptr = <uintptr_t>t.data + t.byte_offset
+        if ptr % 4 == 0 and (ptr != 0 or t.shape[0] == 0):
+            keep.append(store)
+            return cap
+    if not a.is_cpu:
+        raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
+    if a.layout is not _torch.strided or getattr(a, "is_nested", False):
+        raise TypeError(f"{name} must be a dense integer tensor (int32), got a {_layout_name(a)} tensor")
+    if a.dtype.is_floating_point or a.dtype.is_complex or a.dtype is _torch.bool:
+        raise TypeError(f"{name} must be an integer array (int32), got dtype {_dtype_name(a)}")
+    # a copy: an array sharing the tensor's memory would not keep it alive
+    # (force: a zero tensor has no memory to share)
+    return np.array(a.numpy(force=True))
+
+
+cdef int64_t _index_len(object src, str name) except -1:
+    """Entries of a 1-D index source (see _index_source)."""
+    if not cnp.PyArray_Check(src):
+        return (<gdn_dl_tensor *>PyCapsule_GetPointer(src, "dltensor")).shape[0]
+    if cnp.PyArray_NDIM(<cnp.ndarray>src) != 1:
+        raise ValueError(f"{name} must be 1-D (B + 1,), got shape {src.shape}")
+    return cnp.PyArray_DIMS(<cnp.ndarray>src)[0]
+
+
+cdef object _index_array(object src, str name, int64_t n, View *v):
+    """(n,) int32 view of an index source (see _index_source); returns the object that
+    owns the memory (the capsule, the source array or its int32 copy)."""
+    cdef gdn_dl_tensor *t
+    if not cnp.PyArray_Check(src):
+        t = <gdn_dl_tensor *>PyCapsule_GetPointer(src, "dltensor")
+        if t.shape[0] != n:
+            raise ValueError(f"{name} must have shape ({n},), got ({t.shape[0]},)")
+        return _int32_view(src, <char *>t.data + t.byte_offset, n, v)
+    a = src
     cdef cnp.ndarray arr = <cnp.ndarray>a
     if cnp.PyArray_NDIM(arr) != 1 or cnp.PyArray_DIMS(arr)[0] != n:
         raise ValueError(f"{name} must have shape ({n},), got {a.shape}")
@@ -311,17 +361,6 @@ cdef object _input_array(object a, str name):
                             f"does not take: pass an array of float32, float16 or bfloat16, e.g. "
                             f"np.asarray({name}, np.float32)")
     return _native(a)
-
-
-cdef object _index_input(object a):
-    """An index argument that _index_array can read without running user code: None,
-    a NumPy array, a tensor (negation resolved), or anything else through np.asarray
-    (which may run its __array__: call this before taking any pointer)."""
-    if a is None or cnp.PyArray_Check(a):
-        return a
-    if _is_tensor(a):
-        return a.resolve_neg() if a.is_neg() else a   # torch's values are the negated memory
-    return np.asarray(a)
 
 
 cdef object _torch_contiguous(object x):

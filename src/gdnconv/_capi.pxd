@@ -49,4 +49,5 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
 
 cdef extern from "threads.h" nogil:
     int64_t gdn_set_parallel_min_bytes(int64_t bytes)
-    void gdn_after_fork_in_child()
+    void gdn_fork_guard_init()
+    int gdn_num_procs()

@@ -60,23 +60,64 @@ cdef object _raw(const View *v):
                                 tuple(v.strides[i] for i in range(v.ndim)), v.itemsize))
 
 
-cdef bint _overlap(const View *a, const View *b):
+cdef int64_t _size(const View *v):
+    cdef int64_t n = 1
+    cdef int i
+    for i in range(v.ndim):
+        n *= v.shape[i]
+    return n
+
+
+_TooHardError = getattr(np, "exceptions", np).TooHardError
+
+
+cdef int _shares(const View *a, const View *b) except -2:
+    """1: a and b share memory; 0: they do not; -1: NumPy could not tell within
+    16 + (elements of both) / 256 steps of its exact search. A step measured ~0.25 us,
+    so the bound is ~1 ns per element, a small multiple of the time a call takes to
+    move one; without it, interleaved strided views can take minutes. Legal layouts
+    (halves or alternate channels of one buffer, rows of a fused cache) take 1 step."""
     cdef uintptr_t alo, ahi, blo, bhi
     _extent(a, &alo, &ahi)
     _extent(b, &blo, &bhi)
     if alo == ahi or blo == bhi or ahi <= blo or bhi <= alo:
-        return False
+        return 0
     # extents overlap: interleaved views (two slices of one fused buffer) may still be disjoint
-    return np.shares_memory(_raw(a), _raw(b))
+    try:
+        return np.shares_memory(_raw(a), _raw(b), max_work=16 + (_size(a) + _size(b)) // 256)
+    except _TooHardError:
+        return -1
 
 
-cdef int _refuse_overlap(const View *r, str name, const View *state, const View *out,
-                         bint has_out) except -1:
-    """A read-only argument must not share memory with conv_state or out."""
-    if _overlap(state, r):
-        raise ValueError(f"{name} overlaps conv_state")
-    if has_out and _overlap(out, r):
-        raise ValueError(f"{name} overlaps out")
+cdef int _refuse_shared(const View *a, str name, const View *b, str bname) except -1:
+    """Two written arrays must not share memory; an undecided pair is refused too."""
+    cdef int shared = _shares(a, b)
+    if shared == 1:
+        raise ValueError(f"{name} overlaps {bname}")
+    if shared == -1:
+        raise ValueError(f"{name} may overlap {bname}: their strides interleave in a way NumPy could "
+                         f"not check within a bounded time; pass {name} and {bname} as separate "
+                         f"allocations, or as slices of one buffer along a single axis")
+    return 0
+
+
+cdef int _read_apart(list keep, View *r, str name, const View *w, str wname, str detail="") except -1:
+    """A read-only argument must not share memory with an array the call writes: raises
+    when it does. When NumPy cannot tell (see _shares), r is pointed at a private copy
+    of its elements, which the call keeps."""
+    cdef int shared = _shares(r, w)
+    if shared == 1:
+        raise ValueError(f"{name} overlaps {wname}{detail}")
+    if shared == 0:
+        return 0
+    copy = np.array(_raw(r), order="C")
+    keep.append(copy)
+    r.ptr = <char *>cnp.PyArray_DATA(<cnp.ndarray>copy)
+    cdef int64_t stride = 1
+    cdef int i
+    for i in range(r.ndim - 1, -1, -1):
+        r.strides[i] = stride
+        stride *= r.shape[i]
     return 0
 
 
@@ -110,18 +151,18 @@ cdef int64_t _pad_slot(object pad_slot_id) except? -1:
     return pad_slot_id
 
 
-cdef int _weights(View *wv, View *bv, object weight, object bias, object x, int dt) except -1:
-    """Views of weight (D, W) and bias (D,) with their checks against x's dtype;
-    returns the weight dtype code."""
+cdef int _weights(list keep, View *wv, View *bv, object weight, object bias, object x, int dt) except -1:
+    """Views of weight (D, W) and bias (D,) with their checks against x's dtype (keep
+    gets what owns their memory); returns the weight dtype code."""
     cdef int wdt
-    _view(weight, wv, "weight")
+    keep.append(_view(weight, wv, "weight"))
     wdt = _dtype_of(wv, weight, "weight")
     if wdt != dt and wdt != GDN_F32:
         raise TypeError(f"weight dtype {_dtype_name(weight)} does not match x dtype {_dtype_name(x)}: "
                         f"pass weights of x's dtype, or float32 weights (gdnconv.pack_weight) with a "
                         f"float32 bias")
     if bias is not None:
-        _view(bias, bv, "bias")
+        keep.append(_view(bias, bv, "bias"))
         if _dtype_of(bv, bias, "bias") != wdt:
             fix = ("a float32 bias" if wdt == GDN_F32 else
                    f"a bias of the weight's dtype, or float32 weights (gdnconv.pack_weight) with it")

@@ -19,14 +19,20 @@ Design:
   protocol and torch has none, so typed memoryviews are not used. torch is never
   imported here; a tensor is recognised only when the caller has imported torch
   already.
-- A call converts every argument that can run user code first, then takes views;
-  the call object keeps what owns each buffer until the kernel returns.
+- Lifetimes: every argument conversion that can run user code (``__array__``,
+  ``__len__``, torch methods) runs before the first pointer is taken, and every
+  buffer the kernel touches (arguments, copies) is held by the call object's
+  ``keep`` until the kernel returns; a tensor through its storage. The weight
+  scratch is the C side's, per OS thread (threads.c).
+- Overlap checks are exact but bounded (``_shares``): a read-only input whose overlap
+  with a written array NumPy cannot decide in time is read from a copy; two such
+  written arrays are refused.
 - Every check of the error list runs before the kernel; the index arrays are
   checked in C (``gdn_update_validate``) in one pass. Nothing is written before that.
 - ``conv_state`` and ``out`` are never copied. ``x`` is copied only when its
   channels are not contiguous and ``out`` is not ``x`` (so the SIMD path applies).
-- The GIL is released around the kernel; threads start only inside it (threads.c),
-  where each C thread converts weights into a scratch the C side keeps per OS thread.
+- The GIL is released around the kernel; threads start only inside it (threads.c).
+  A forked child runs every call on its calling thread (``gdn_fork_guard_init``).
 """
 import os
 import sys

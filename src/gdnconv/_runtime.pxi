@@ -4,6 +4,12 @@
 # ------------------------------------------------------------------ threads
 
 def _affinity_count():
+    """CPUs this process may use. The OpenMP runtime's count where the build has one:
+    with OMP_PROC_BIND set, libgomp pins the calling thread to one CPU, and that
+    thread's own mask (sched_getaffinity) would then say 1."""
+    n = gdn_num_procs()
+    if n > 0:
+        return n
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -21,12 +27,7 @@ def _default_num_threads():
 cdef int _num_threads = _default_num_threads()
 
 
-def _after_fork_in_child():
-    gdn_after_fork_in_child()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+gdn_fork_guard_init()   # a forked child runs every call on its calling thread (threads.c)
 
 
 cdef int _check_threads(object n, str name) except -1:

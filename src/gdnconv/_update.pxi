@@ -18,20 +18,20 @@ cdef class _Update:
 cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_accepted_tokens,
                        conv_state_indices, query_start_loc, pad_slot_id, out) except -1:
     """Every check of the update that needs no index value; nothing is written. All
-    arguments must come from _input_array / _index_input (no user code runs here)."""
+    arguments must come from _input_array / _index_source (no user code runs here)."""
     cdef int64_t B, T = 1, N = 0, D, W, L, S
     c.silu = _silu_flag(activation)
     c.pad_slot_id = _pad_slot(pad_slot_id)
 
     # ---- arrays and dtypes
-    _view(x, &c.xv, "x")
-    _view(conv_state, &c.sv, "conv_state")
+    c.keep.append(_view(x, &c.xv, "x"))
+    c.keep.append(_view(conv_state, &c.sv, "conv_state"))
     c.dt = _dtype_of(&c.xv, x, "x")
     if _dtype_of(&c.sv, conv_state, "conv_state") != c.dt:
         raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
-    c.wdt = _weights(&c.wv, &c.bv, weight, bias, x, c.dt)
+    c.wdt = _weights(c.keep, &c.wv, &c.bv, weight, bias, x, c.dt)
     if out is not None:
-        _view(out, &c.ov, "out")
+        c.keep.append(_view(out, &c.ov, "out"))
         if _dtype_of(&c.ov, out, "out") != c.dt:
             raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
 
@@ -64,9 +64,7 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
             B = c.xv.shape[0]
         else:
             N = c.xv.shape[0]
-            if np.ndim(query_start_loc) != 1:
-                raise ValueError(f"query_start_loc must be 1-D (B + 1,), got shape {np.shape(query_start_loc)}")
-            B = len(query_start_loc) - 1
+            B = _index_len(query_start_loc, "query_start_loc") - 1
             if B < 0:
                 raise ValueError("query_start_loc must have B + 1 >= 1 entries, got 0")
     else:
@@ -92,27 +90,34 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     if num_accepted_tokens is not None:
         c.keep.append(_index_array(num_accepted_tokens, "num_accepted_tokens", B, &c.nv))
 
-    # ---- aliasing: what is written must not share memory with what is read
+    # ---- aliasing: what is written must not share memory with what is read (a
+    # read-only argument NumPy cannot decide within a bounded search is read from a copy)
     has_out = out is not None
     if has_out:
-        if _overlap(&c.ov, &c.sv):
-            raise ValueError("out overlaps conv_state")
-        if not c.out_is_x and _overlap(&c.ov, &c.xv):
-            raise ValueError("out overlaps x without being x")
-    if _overlap(&c.sv, &c.xv):
-        raise ValueError("x overlaps conv_state")
-    _refuse_overlap(&c.wv, "weight", &c.sv, &c.ov, has_out)
+        _refuse_shared(&c.ov, "out", &c.sv, "conv_state")
+        if not c.out_is_x:
+            _read_apart(c.keep, &c.xv, "x", &c.ov, "out", " without being out")
+    _read_apart(c.keep, &c.xv, "x", &c.sv, "conv_state")
+    _keep_apart(c, &c.wv, "weight", has_out)
     if bias is not None:
-        _refuse_overlap(&c.bv, "bias", &c.sv, &c.ov, has_out)
+        _keep_apart(c, &c.bv, "bias", has_out)
     if conv_state_indices is not None:
-        _refuse_overlap(&c.iv, "conv_state_indices", &c.sv, &c.ov, has_out)
+        _keep_apart(c, &c.iv, "conv_state_indices", has_out)
     if num_accepted_tokens is not None:
-        _refuse_overlap(&c.nv, "num_accepted_tokens", &c.sv, &c.ov, has_out)
+        _keep_apart(c, &c.nv, "num_accepted_tokens", has_out)
     if query_start_loc is not None:
-        _refuse_overlap(&c.qv, "query_start_loc", &c.sv, &c.ov, has_out)
+        _keep_apart(c, &c.qv, "query_start_loc", has_out)
 
     c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
     c.varlen = query_start_loc is not None
+    return 0
+
+
+cdef int _keep_apart(_Update c, View *r, str name, bint has_out) except -1:
+    """A read-only argument must not share memory with conv_state or out (see _read_apart)."""
+    _read_apart(c.keep, r, name, &c.sv, "conv_state")
+    if has_out:
+        _read_apart(c.keep, r, name, &c.ov, "out")
     return 0
 
 
@@ -227,19 +232,19 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
     x = _input_array(x, "x")
     weight = _native(weight)
     bias = _native(bias)
-    num_accepted_tokens = _index_input(num_accepted_tokens)
-    conv_state_indices = _index_input(conv_state_indices)
-    query_start_loc = _index_input(query_start_loc)
+    num_accepted_tokens = _index_source(num_accepted_tokens, "num_accepted_tokens", c.keep)
+    conv_state_indices = _index_source(conv_state_indices, "conv_state_indices", c.keep)
+    query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
     _check_update(c, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
                   query_start_loc, pad_slot_id, out)
     if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
         # channels not contiguous: a contiguous copy of x (never of out or conv_state)
         x = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
-        _view(x, &c.xv, "x")
+        c.keep.append(_view(x, &c.xv, "x"))
     new_out = out is None
     if new_out:
         out = _new_like(x, &c.xv)
-        _view(out, &c.ov, "out")
+        c.keep.append(_view(out, &c.ov, "out"))
     _update_params(c, bias is not None, conv_state_indices is not None, num_accepted_tokens is not None,
                    new_out)
     with nogil:
@@ -259,9 +264,9 @@ def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_i
     cdef _Update c = _Update()
     x = _input_array(x, "x")
     weight = _native(weight)
-    num_accepted_tokens = _index_input(num_accepted_tokens)
-    conv_state_indices = _index_input(conv_state_indices)
-    query_start_loc = _index_input(query_start_loc)
+    num_accepted_tokens = _index_source(num_accepted_tokens, "num_accepted_tokens", c.keep)
+    conv_state_indices = _index_source(conv_state_indices, "conv_state_indices", c.keep)
+    query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
     _check_update(c, x, conv_state, weight, None, None, num_accepted_tokens, conv_state_indices,
                   query_start_loc, pad_slot_id, None)
     c.ov = c.xv

@@ -1,0 +1,74 @@
+"""setup.py's OpenMP probe: it checks OpenMP with the build's own flags (CFLAGS and
+LDFLAGS included), fails loudly when OpenMP does not work, and GDNCONV_NO_OPENMP=1
+builds without it."""
+import os
+import shutil
+
+import pytest
+
+from conftest import run_python
+
+SETUP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "setup.py")
+
+PROBE = """
+import runpy, shutil
+import setuptools
+from distutils.ccompiler import new_compiler
+from distutils.sysconfig import customize_compiler
+cc = new_compiler()
+customize_compiler(cc)
+if cc.compiler_type == "msvc" or not shutil.which(cc.compiler[0]):
+    print("SKIP no unix C compiler")
+    raise SystemExit
+setup = runpy.run_path({setup!r}, run_name="gdnconv_setup")
+try:
+    print("FLAGS", setup["openmp_flags"](cc, setup["OPT_FLAGS"]))
+except RuntimeError as e:
+    print("ERROR", e)
+"""
+
+pytestmark = pytest.mark.skipif(not os.path.exists(SETUP), reason="needs the source tree's setup.py")
+
+
+def _probe(**env):
+    r = run_python(PROBE.format(setup=SETUP), **env)
+    assert r.returncode == 0, r.stderr
+    line = r.stdout.strip().splitlines()[-1]
+    if line.startswith("SKIP"):
+        pytest.skip(line)
+    return line
+
+
+def _sanitizers_link():
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return False
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "t.c")
+        with open(src, "w") as f:
+            f.write("int main(void) { return 0; }\n")
+        r = subprocess.run([cc, "-fsanitize=address,undefined", src, "-o", os.path.join(tmp, "t")],
+                           capture_output=True)
+    return r.returncode == 0
+
+
+def test_probe_honours_sanitizer_flags():
+    """CFLAGS/LDFLAGS with -fsanitize: the probe links with them, as the extension does
+    (it linked without them, failed, and the build silently lost its threads)."""
+    if not _sanitizers_link():
+        pytest.skip("the C compiler cannot link -fsanitize=address,undefined here")
+    flags = "-fsanitize=address,undefined"
+    assert _probe(CFLAGS=flags, LDFLAGS=flags) == "FLAGS ['-fopenmp']"
+
+
+def test_probe_fails_loudly_when_openmp_does_not_link():
+    line = _probe(LDFLAGS="-lgdnconv_no_such_library")
+    assert line.startswith("ERROR"), line
+    for words in ("OpenMP does not work", "-lgdnconv_no_such_library", "GDNCONV_NO_OPENMP=1"):
+        assert words in line, line
+
+
+def test_no_openmp_is_the_explicit_opt_out():
+    assert _probe(LDFLAGS="-lgdnconv_no_such_library", GDNCONV_NO_OPENMP="1") == "FLAGS []"
