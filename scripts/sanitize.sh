@@ -41,7 +41,7 @@ CFLAGS="$flags" LDFLAGS="$flags" GDNCONV_OPT_FLAGS="-O1 -fno-math-errno -fno-tra
     python setup.py build_ext -j "$(nproc)" -b "$out/lib" -t "$out/tmp" > "$out/build.log" 2>&1 \
     || { tail -n 40 "$out/build.log"; exit 1; }
 cp src/gdnconv/*.py "$out/lib/gdnconv/"
-ldd "$out"/lib/gdnconv/_core*.so | grep -Eq 'libgomp|libomp' \
+ldd "$out"/lib/gdnconv/_core*.so | grep -E 'libgomp|libomp' > /dev/null \
     || { echo "sanitize.sh: the sanitized build has no OpenMP runtime" >&2; exit 1; }
 
 cc=${CC:-cc}
