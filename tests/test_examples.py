@@ -82,24 +82,30 @@ def test_bias_and_silu_scalar_values(isa):
     np.testing.assert_array_equal(out[0, 0], np.float32(-0.25 + 2.0))
 
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "docs" / "clients.md"]   # user docs whose snippets must run
 # a ```python block followed directly by the ```text block of what it prints
 _SNIPPET = re.compile(r"```python\n(.*?)```\n```text\n(.*?)```", re.S)
 
 
-def _readme_snippets():
-    text = README.read_text()
-    found = _SNIPPET.findall(text)
-    assert len(found) == text.count("```python"), "every README Python snippet must be followed by its output"
+def _doc_snippets():
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        snippets = _SNIPPET.findall(text)
+        assert len(snippets) == text.count("```python"), f"every Python snippet of {doc.name} must be followed by its output"
+        found += [pytest.param(c, p, id=f"{doc.stem}{i}") for i, (c, p) in enumerate(snippets)]
     return found
 
 
-@pytest.mark.parametrize("code, printed", [pytest.param(c, p, id=f"snippet{i}")
-                                           for i, (c, p) in enumerate(_readme_snippets())])
+@pytest.mark.parametrize("code, printed", _doc_snippets())
 def test_readme_snippet(code, printed):
-    """Each README snippet runs in a fresh interpreter and prints exactly what the README shows."""
+    """Each README (and docs/clients.md) snippet runs in a fresh interpreter and prints
+    exactly what the document shows."""
     if "import torch" in code:
         pytest.importorskip("torch")
+    if "gdnconv.transformers" in code or "gdnconv.generate" in code:
+        pytest.importorskip("transformers")
     res = run_python(code)
     assert res.returncode == 0, res.stderr
-    assert res.stdout == printed, f"README shows:\n{printed}\nthe snippet printed:\n{res.stdout}"
+    assert res.stdout == printed, f"the document shows:\n{printed}\nthe snippet printed:\n{res.stdout}"

@@ -25,4 +25,15 @@
 #define GDN_HAVE_X86_SIMD 1
 #endif
 
+/* GDN_TARGET_BEGIN("avx2,fma") ... GDN_TARGET_END: every function between them is
+ * compiled for those instruction sets (intrinsic headers go before the region). */
+#define GDN_PRAGMA(x) _Pragma(#x)
+#if defined(__clang__)
+#define GDN_TARGET_BEGIN(t) GDN_PRAGMA(clang attribute push(__attribute__((target(t))), apply_to = function))
+#define GDN_TARGET_END GDN_PRAGMA(clang attribute pop)
+#else
+#define GDN_TARGET_BEGIN(t) GDN_PRAGMA(GCC push_options) GDN_PRAGMA(GCC target(t))
+#define GDN_TARGET_END GDN_PRAGMA(GCC pop_options)
+#endif
+
 #endif

@@ -5,12 +5,7 @@
 #ifdef GDN_HAVE_X86_SIMD
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx,avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx,avx2,fma,f16c")
-#endif
+GDN_TARGET_BEGIN("avx,avx2,fma,f16c")
 
 #include "simd_avx2.h"
 #include "update_simd.h"
@@ -23,9 +18,5 @@ void gdn_fill_avx2(const gdn_update_params *p, int64_t c0, int64_t c1, float *w,
     simd_fill(p, c0, c1, w, ld, b);
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+GDN_TARGET_END
 #endif

@@ -7,12 +7,7 @@
 #ifdef GDN_HAVE_X86_SIMD
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx,avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx,avx2,fma,f16c")
-#endif
+GDN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx,avx2,fma,f16c")
 #define GDN_SIMD_BF16_NATIVE 1
 #include "simd_avx512.h"
 #include "update_simd.h"
@@ -22,9 +17,5 @@ void gdn_update_avx512bf16(const gdn_update_params *p, int64_t r0, int64_t r1, i
     else gdn_update_avx512(p, r0, r1, c0, c1);
 }
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+GDN_TARGET_END
 #endif
