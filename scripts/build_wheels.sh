@@ -56,7 +56,7 @@ for py in "${pythons[@]}"; do
     (cd "$src" && nice "$work/build-$tag/bin/python" -m build --wheel --outdir "$work/dist/$tag" . >/dev/null)
     "$work/tools/bin/auditwheel" repair -w "$work/wheelhouse" "$work/dist/$tag"/gdnconv-*.whl 2>&1 | tail -1
     wheel=$(echo "$work"/wheelhouse/gdnconv-*-"$tag"-*.whl)
-    if ! "$work/tools/bin/python" -m zipfile -l "$wheel" | grep -q 'gdnconv.libs/libgomp'; then
+    if ! "$work/tools/bin/python" -m zipfile -l "$wheel" | grep 'gdnconv.libs/libgomp' >/dev/null; then
         results+=("$tag $(basename "$wheel"): libgomp NOT vendored"); continue
     fi
 
