@@ -1,7 +1,6 @@
 """gdnconv.torch: the registered torch.library ops, their fake implementations, torch.compile."""
 import os
 
-import numpy as np
 import pytest
 
 from conftest import assert_bits_equal, run_python

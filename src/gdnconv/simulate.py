@@ -20,7 +20,6 @@ other processes take meanwhile is measured; a busy machine is reported.
 """
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from gdnconv.reference import torch_loop_update
 from gdnconv.testing import as_torch
 from gdnconv.timing import BUSY_PCT, CpuMeter
 
+from ._sim_report import finite_json, format_report
 from ._sim_workload import PAD_SLOT_ID, Checker, build_schedule, make_model
 
 try:
@@ -331,72 +331,6 @@ def simulate(args):
     return result
 
 
-def _si(v):
-    """1234567 -> '1.23 M'."""
-    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if v >= scale:
-            return f"{v / scale:.3g} {unit}"
-    return f"{v:.3g}"
-
-
-def format_report(r):
-    """The human-readable report for a result dict."""
-    c, w, g = r["config"], r["workload"], r["gdnconv"]
-    lines = [
-        f"gdnconv simulate: preset {c['preset']} (D={c['dim']}, W={c['width']}, state_len={c['state_len']}), "
-        f"{c['dtype']}, isa {c['isa']}, threads {c['threads']}",
-        f"  batch {c['batch']} positions, drafts 0..{c['drafts']} per request, accept rate {c['accept_rate']:.2f}, "
-        f"{c['slots']} slots, {c['steps']} steps, seed {c['seed']}",
-        f"  {w['requests']} requests ({w['slot_resets']} slot resets), {w['live_tokens']} tokens "
-        f"({w['tokens_per_step']:.1f}/step), {w['mean_accepted']:.2f} accepted/request-step, "
-        f"{100 * w['pad_fraction']:.1f}% pad entries",
-        f"timing     : {r['conditions']}",
-        f"gdnconv    : {_si(g['tokens_per_s'])} tokens/s, step median {g['median_us']:.1f} us, "
-        f"p99 {g['p99_us']:.1f} us, {g['gb_per_s']:.1f} GB/s (kernel call only){_busy(g['others_pct'])}",
-    ]
-    cond = r["conditions"].split(":")[0]
-    t = r["torch"]
-    if t is not None:
-        part = "" if t["replayed_steps"] == c["steps"] else f", first {t['replayed_steps']} of {c['steps']} steps"
-        lines.append(f"torch loop : {_si(t['tokens_per_s'])} tokens/s, step median {t['median_us']:.1f} us, "
-                     f"p99 {t['p99_us']:.1f} us (same inputs replayed{part}){_busy(t['others_pct'])}")
-        s = r["speedup"]
-        lines.append(f"speed-up   : gdnconv is {s['total_time_ratio']:.1f}x faster "
-                     f"({s['median_latency_ratio']:.1f}x on median step latency) over {s['steps']} steps, "
-                     f"both {cond}" + ("; NOT TRUSTWORTHY, the machine was busy" if r["busy_others_pct"] else ""))
-    else:
-        lines.append(f"torch loop : skipped, {r.get('torch_note')}")
-    k = r["check"]
-    if k["enabled"]:
-        verdict = "OK" if k["ok"] else "FAILED"
-        lines.append(f"check      : {k['outputs']} outputs of {k['steps']} steps vs float64 reference: "
-                     f"max error {k['max_error_ratio']:.3g} x tolerance (max abs {k['max_abs_error']:.3g}) {verdict}")
-        if k["max_error_ratio"] > 1.0 and k["worst"]:
-            wd = k["worst"]
-            lines.append(f"  worst: step {wd['step']}, position {wd['position']} (request {wd['request']}, "
-                         f"slot {wd['slot']}), token {wd['token']}, channel {wd['channel']}: "
-                         f"got {wd['got']:.6g}, want {wd['want']:.6g}")
-        if not k["pad_rows_untouched"]:
-            lines.append("  pad entries' output rows were written (must be left as they were)")
-        if k["torch_state_match"] is not None:
-            lines.append(f"  torch replay state {'matches' if k['torch_state_match'] else 'DIFFERS from'} "
-                         f"gdnconv's bit for bit")
-    else:
-        lines.append("check      : disabled (--no-check)")
-    lines.append(f"wall time  : {r['wall_s']:.1f} s" + (f" ({k['seconds']:.1f} s checking)" if k["enabled"] else ""))
-    if r["busy_others_pct"]:
-        lines.append(f"WARNING: other processes used up to {r['busy_others_pct']:.0f}% of a CPU while this ran; "
-                     f"the timings and the speed-up are not trustworthy (run again on a quiet machine)")
-    return "\n".join(lines)
-
-
-def _busy(pct):
-    """A note for a result line timed while other processes used more than BUSY_PCT % of a CPU."""
-    if pct is None or not pct > BUSY_PCT:
-        return ""
-    return f" [other processes: {pct:.0f}% of a CPU]"
-
-
 def add_arguments(parser):
     """Add the simulator's options to an argparse parser."""
     parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-next",
@@ -439,20 +373,7 @@ def run(args):
     """Entry point for ``gdnconv simulate``: returns the exit status (1 if the check failed)."""
     result = simulate(args)
     if args.json:
-        print(json.dumps(_finite(result), allow_nan=False))
+        print(json.dumps(finite_json(result), allow_nan=False))
     else:
         print(format_report(result))
     return 0 if result["ok"] else 1
-
-
-def _finite(v):
-    """``v`` with NumPy scalars made plain and non-finite floats as strings (strict JSON)."""
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
