@@ -95,6 +95,18 @@ def _stats(ns, tokens):
     }
 
 
+def _stage(step, state, pool, x_buf, out_buf, sentinel):
+    """A step's untimed part: zero the slots it resets, gather its inputs into x_buf,
+    fill out_buf with NaN when checking (pad rows must stay NaN); returns its rows."""
+    if len(step.resets):
+        state[step.resets] = 0
+    n = len(step.tokens)
+    np.take(pool, step.tokens, axis=0, out=x_buf[:n])
+    if sentinel:
+        out_buf[:n] = np.nan
+    return n
+
+
 def run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads, checker, snapshot_at,
                 progress):
     """Run every step through ``gdnconv.conv_update_multi``; returns (ns per step,
@@ -110,13 +122,8 @@ def run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads, ch
     m0 = meter.mark()
     for i, step in enumerate(schedule):
         # -- untimed: slot resets, inputs, index arrays, output sentinel
-        if len(step.resets):
-            state[step.resets] = 0
-        n = len(step.tokens)
+        n = _stage(step, state, pool, x_buf, out_buf, checker is not None)
         x, out = x_buf[:n], out_buf[:n]
-        np.take(pool, step.tokens, axis=0, out=x)
-        if checker is not None:
-            out[...] = np.nan                          # pad rows must stay NaN
         nbytes[i] = gdnconv.bytes_moved(x, state, weight, num_accepted_tokens=step.num_accepted,
                                         conv_state_indices=step.slots, query_start_loc=step.query_start_loc,
                                         pad_slot_id=PAD_SLOT_ID)
@@ -172,12 +179,7 @@ def run_torch(schedule, state_shape, weight, bias, pool, dtype, threads, checker
         meter = CpuMeter()
         m0 = meter.mark()
         for i, step in enumerate(schedule):
-            if len(step.resets):
-                state[step.resets] = 0
-            n = len(step.tokens)
-            np.take(pool, step.tokens, axis=0, out=x_buf[:n])
-            if checker is not None:
-                out_buf[:n] = np.nan
+            n = _stage(step, state, pool, x_buf, out_buf, checker is not None)
             acc_t, slots_t, qsl_t = index_t[i]
             t0 = time.perf_counter_ns()
             torch_loop_update(x_t[:n], state_t, weight_t, bias_t, activation="silu",
