@@ -27,6 +27,15 @@ DTYPES = {"fp32": F32, "fp16": F16, "bf16": BF16}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+def pytest_configure(config):
+    """Integration tests need software the test extra does not install (vLLM itself):
+    they run only when asked for, ``python -m pytest -m integration``. Set here, not in
+    pyproject.toml, so that the tests copied beside an installed wheel behave the same."""
+    config.addinivalue_line("markers", "integration: needs vLLM installed; run with -m integration")
+    if not config.option.markexpr:
+        config.option.markexpr = "not integration"
+
+
 def run_python(code, timeout=120, **env):
     """Run code in a fresh interpreter that imports this gdnconv, with env added to the
     environment; returns the CompletedProcess (text output captured). Raises
