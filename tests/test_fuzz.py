@@ -187,27 +187,31 @@ def f_out_read_only(c, kw, rng):
     return ValueError
 
 
-def f_out_overlaps_state(c, kw, rng):
+def _inside_state(kw):
+    """An array of x's shape made of the first elements of conv_state's base buffer, or
+    None where there is no such buffer (empty arrays, another dtype, too small)."""
     st = kw["conv_state"]
     if kw["x"].size == 0 or st.size == 0:
         return None
     flat = np.asarray(_root(st)).reshape(-1)
     if flat.dtype != st.dtype or flat.size < kw["x"].size:
         return None
-    if not np.shares_memory(flat[:kw["x"].size], st):
+    return flat[:kw["x"].size].reshape(kw["x"].shape)
+
+
+def f_out_overlaps_state(c, kw, rng):
+    out = _inside_state(kw)
+    if out is None or not np.shares_memory(out, kw["conv_state"]):
         return None
-    kw["out"] = flat[:kw["x"].size].reshape(kw["x"].shape)
+    kw["out"] = out
     return ValueError
 
 
 def f_x_overlaps_state(c, kw, rng):
     st = kw["conv_state"]
-    if kw["x"].size == 0 or st.size == 0:
+    x = _inside_state(kw)
+    if x is None:
         return None
-    flat = np.asarray(_root(st)).reshape(-1)
-    if flat.dtype != st.dtype or flat.size < kw["x"].size:
-        return None
-    x = flat[:kw["x"].size].reshape(kw["x"].shape)
     try:   # an overlap gdnconv's bounded check cannot decide is read from a copy instead
         if not np.shares_memory(x, st, max_work=16 + (x.size + st.size) // 256):
             return None
