@@ -97,8 +97,107 @@ def test_compile_fullgraph_equals_eager(backend, given_out):
         assert_bits_equal(o2, o1, "out")
 
 
+def _prefill_args(seed=0, dtype=torch.float32):
+    """Three varlen requests (4, 0 and 5 tokens) into slots 4, 1, 2 of a (6, 5, 40) state; the
+    first starts from its slot's rows, the others from zero history."""
+    g = torch.Generator().manual_seed(seed)
+    S, L, D, W = 6, 5, 40, 4
+    state = torch.randn(S, L, D, generator=g).to(dtype)
+    weight = torch.randn(D, W, generator=g).to(dtype)
+    bias = torch.randn(D, generator=g).to(dtype)
+    x = torch.randn(9, D, generator=g).to(dtype)
+    qsl = torch.tensor([0, 4, 4, 9], dtype=torch.int32)
+    slots = torch.tensor([4, 1, 2], dtype=torch.int32)
+    init = torch.tensor([True, False, False])
+    return x, weight, bias, state, qsl, slots, init
+
+
+def test_prefill_schema_marks_the_state_and_out_mutated():
+    schema = str(torch.ops.gdnconv.conv_prefill.default._schema)
+    assert "Tensor(a!)? conv_state" in schema and schema.endswith("-> Tensor")
+    schema_out = str(torch.ops.gdnconv.conv_prefill_out.default._schema)
+    assert "Tensor(a!)? conv_state" in schema_out and "Tensor(b!) out" in schema_out
+
+
+@pytest.mark.parametrize("given_out", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_op_equals_plain_call(given_out, dtype):
+    x, weight, bias, state, qsl, slots, init = _prefill_args(5, dtype)
+    s1, s2 = state.clone(), state.clone()
+    kw = dict(query_start_loc=qsl, cache_indices=slots, has_initial_state=init)
+    o1 = gdnconv.conv_prefill(x, weight, bias, conv_state=s1, out=torch.zeros_like(x) if given_out else None, **kw)
+    out = torch.zeros_like(x) if given_out else None
+    o2 = gt.conv_prefill(x, weight, bias, activation=True, conv_state=s2, out=out, **kw)
+    if given_out:
+        assert o2 is out
+    assert_bits_equal(o2, o1, "out")
+    assert_bits_equal(s2, s1, "conv_state")
+    assert not torch.equal(s2, state)
+    # no state: a convolution from zero history, nothing written
+    o3 = gt.conv_prefill(x[None, :4], weight, bias, activation=None)
+    assert_bits_equal(o3, gdnconv.conv_prefill(x[None, :4], weight, bias, activation=None), "stateless out")
+
+
+def test_prefill_fake_gives_the_real_shape_and_strides():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    x, weight, bias, state, qsl, slots, init = _prefill_args(6)
+    xt = x.t().contiguous().t()                                 # (N, D) with channel stride N
+    x3 = x[None]                                                # (1, N, D) equal-length form
+    real = [torch.ops.gdnconv.conv_prefill(x, weight, bias, "silu", state.clone(), qsl, slots, init, -1, None),
+            torch.ops.gdnconv.conv_prefill(xt, weight, None, None, state.clone(), qsl, slots, None, -1, 1),
+            torch.ops.gdnconv.conv_prefill(x3, weight, bias, "silu", None, None, None, None, -1, None)]
+    with FakeTensorMode() as mode:
+        fx, fxt, fx3, fw, fb, fs, fq, fi, fh = (mode.from_tensor(t) for t in (x, xt, x3, weight, bias, state, qsl,
+                                                                              slots, init))
+        fake = [torch.ops.gdnconv.conv_prefill(fx, fw, fb, "silu", fs, fq, fi, fh, -1, None),
+                torch.ops.gdnconv.conv_prefill(fxt, fw, None, None, fs, fq, fi, None, -1, 1),
+                torch.ops.gdnconv.conv_prefill(fx3, fw, fb, "silu", None, None, None, None, -1, None)]
+    for f, r in zip(fake, real):
+        assert (f.shape, f.stride(), f.dtype) == (r.shape, r.stride(), r.dtype)
+
+
+def test_prefill_errors_pass_through_the_op_and_write_nothing():
+    x, weight, bias, state, qsl, slots, init = _prefill_args(7)
+    before = state.clone()
+    with pytest.raises(ValueError, match="cache_indices"):
+        gt.conv_prefill(x, weight, bias, conv_state=state, query_start_loc=qsl, cache_indices=slots * 3,
+                        has_initial_state=init)
+    assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("given_out", [False, True])
+def test_compile_prefill_then_update_equals_eager(backend, given_out):
+    """torch.compile(fullgraph=True) of a step that prefills three prompts and then decodes one
+    token for each through the ops: no graph break, outputs and state bit-identical to eager."""
+    torch._dynamo.reset()
+    x, weight, bias, state, qsl, slots, init = _prefill_args(8)
+    g = torch.Generator().manual_seed(9)
+    tok = torch.randn(3, 1, x.shape[1], generator=g)
+
+    def step(x, tok, state, weight, bias, qsl, slots, init, out):
+        y = gt.conv_prefill(x * 2, weight, bias, conv_state=state, query_start_loc=qsl, cache_indices=slots,
+                            has_initial_state=init, out=out)
+        after_prefill = state[2].clone()
+        z = gt.conv_update_multi(tok, state, weight, bias, conv_state_indices=slots)
+        return y + 1, z * 3, after_prefill
+
+    s1, s2 = state.clone(), state.clone()
+    o1 = torch.zeros_like(x) if given_out else None
+    o2 = torch.zeros_like(x) if given_out else None
+    eager = step(x, tok, s1, weight, bias, qsl, slots, init, o1)
+    compiled = torch.compile(step, fullgraph=True, backend=backend)(x, tok, s2, weight, bias, qsl, slots, init, o2)
+    for e, c in zip(eager, compiled):
+        assert_bits_equal(c, e, "compiled result")
+    assert_bits_equal(s2, s1, "conv_state")
+    assert not torch.equal(s1[2], eager[2])            # the update moved the state on after the prefill
+    if given_out:
+        assert_bits_equal(o2, o1, "out")
+
+
 def test_importing_gdnconv_torch_registers_the_ops():
     r = run_python("import torch; print(hasattr(torch.ops.gdnconv, 'conv_update_multi')); import gdnconv.torch; "
-                   "print(torch.ops.gdnconv.conv_update_multi.default.name())")
+                   "print(torch.ops.gdnconv.conv_update_multi.default.name(), "
+                   "torch.ops.gdnconv.conv_prefill.default.name())")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["False", "gdnconv::conv_update_multi"]
+    assert r.stdout.split() == ["False", "gdnconv::conv_update_multi", "gdnconv::conv_prefill"]

@@ -1,11 +1,12 @@
 """torch.library custom ops for gdnconv: importing this module registers them.
 
-``torch.ops.gdnconv.conv_update_multi`` returns a new output;
-``torch.ops.gdnconv.conv_update_multi_out`` writes a given ``out`` and returns nothing
-(a custom op may not return one of its inputs). Both mark ``conv_state`` (and ``out``)
-as mutated, so ``torch.compile`` (``fullgraph=True`` included) keeps the in-place
-update and the ordering around it. ``conv_update_multi`` below picks one of the two,
-with the arguments of ``gdnconv.conv_update_multi``.
+``torch.ops.gdnconv.conv_update_multi`` and ``torch.ops.gdnconv.conv_prefill`` return a
+new output; ``torch.ops.gdnconv.conv_update_multi_out`` and
+``torch.ops.gdnconv.conv_prefill_out`` write a given ``out`` and return nothing (a custom
+op may not return one of its inputs). All mark ``conv_state`` (and ``out``) as mutated,
+so ``torch.compile`` (``fullgraph=True`` included) keeps the in-place update and the
+ordering around it. ``conv_update_multi`` and ``conv_prefill`` below pick one of each
+pair, with the arguments of ``gdnconv.conv_update_multi`` / ``gdnconv.conv_prefill``.
 
 Design:
 - the ops call ``gdnconv.conv_update_multi`` on the tensors they get (zero-copy);
@@ -16,9 +17,11 @@ Design:
 """
 import torch
 
+import gdnconv as _g
+
 from . import _core
 
-__all__ = ["conv_update_multi"]
+__all__ = ["conv_prefill", "conv_update_multi"]
 
 
 def _activation(activation):
@@ -36,6 +39,11 @@ _ARGS = ("Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, str? act
 _lib = torch.library.Library("gdnconv", "DEF")
 _lib.define(f"conv_update_multi({_ARGS}) -> Tensor")
 _lib.define(f"conv_update_multi_out({_ARGS}, Tensor(b!) out) -> ()")
+_PREFILL_ARGS = ("Tensor x, Tensor weight, Tensor? bias, str? activation, Tensor(a!)? conv_state, "
+                 "Tensor? query_start_loc, Tensor? cache_indices, Tensor? has_initial_state, int pad_slot_id, "
+                 "int? num_threads")
+_lib.define(f"conv_prefill({_PREFILL_ARGS}) -> Tensor")
+_lib.define(f"conv_prefill_out({_PREFILL_ARGS}, Tensor(b!) out) -> ()")
 
 
 def _op(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices, query_start_loc,
@@ -54,8 +62,26 @@ def _op_out(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_s
                             query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=out)
 
 
+def _prefill(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
+             pad_slot_id, num_threads):
+    out = _g.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
+                          query_start_loc=query_start_loc, cache_indices=cache_indices,
+                          has_initial_state=has_initial_state, pad_slot_id=pad_slot_id, num_threads=num_threads)
+    return out if out.is_contiguous() else out.contiguous()
+
+
+def _prefill_out(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
+                 pad_slot_id, num_threads, out):
+    _g.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
+                    query_start_loc=query_start_loc, cache_indices=cache_indices,
+                    has_initial_state=has_initial_state, pad_slot_id=pad_slot_id, num_threads=num_threads,
+                    out=out)
+
+
 _lib.impl("conv_update_multi", _op, "CPU")
 _lib.impl("conv_update_multi_out", _op_out, "CPU")
+_lib.impl("conv_prefill", _prefill, "CPU")
+_lib.impl("conv_prefill_out", _prefill_out, "CPU")
 
 
 @torch.library.register_fake("gdnconv::conv_update_multi", lib=_lib)
@@ -67,6 +93,18 @@ def _op_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_
 @torch.library.register_fake("gdnconv::conv_update_multi_out", lib=_lib)
 def _op_out_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
                  query_start_loc, pad_slot_id, out):
+    return None
+
+
+@torch.library.register_fake("gdnconv::conv_prefill", lib=_lib)
+def _prefill_fake(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
+                  pad_slot_id, num_threads):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.register_fake("gdnconv::conv_prefill_out", lib=_lib)
+def _prefill_out_fake(x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
+                      has_initial_state, pad_slot_id, num_threads, out):
     return None
 
 
@@ -85,4 +123,21 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu", nu
                                                    query_start_loc, pad_slot_id)
     torch.ops.gdnconv.conv_update_multi_out(x, conv_state, weight, bias, activation, num_accepted_tokens,
                                             conv_state_indices, query_start_loc, pad_slot_id, out)
+    return out
+
+
+def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
+                 cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None, num_threads=None):
+    """``gdnconv.conv_prefill`` through the registered torch ops (torch tensors only).
+
+    Same arguments, semantics and errors as ``gdnconv.conv_prefill`` (vLLM's
+    ``causal_conv1d_fn``); use this one inside code that ``torch.compile`` traces.
+    Returns ``out`` (a new contiguous tensor of ``x``'s shape when not given).
+    """
+    activation = _activation(activation)
+    args = (x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
+            pad_slot_id, num_threads)
+    if out is None:
+        return torch.ops.gdnconv.conv_prefill(*args)
+    torch.ops.gdnconv.conv_prefill_out(*args, out)
     return out
