@@ -1,12 +1,15 @@
 """Per-call cost of the torch.library op path against the plain gdnconv call, B = 1.
 
     PYTHONPATH=src python benchmarks/bench_torch_op.py [--dim 64 8192] [--repeats 31] [--threads 1]
+        [--prompt-len 16]
 
 Times, for each dim, ``gdnconv.conv_update_multi`` on torch tensors and
 ``gdnconv.torch.conv_update_multi`` (``torch.ops.gdnconv.conv_update_multi``), both with
-a new output and with ``out=``, bf16, W=4, T=4, speculative mode, one request. Each repeat
-times every variant once (interleaved, 200 calls each after 20 untimed); the medians over
-the repeats and the op-minus-plain difference are printed.
+a new output and with ``out=``, bf16, W=4, T=4, speculative mode, one request; and likewise
+``gdnconv.conv_prefill`` against ``gdnconv.torch.conv_prefill`` for one varlen prompt of
+``--prompt-len`` tokens into slot 0 of the state, from its initial state. Each repeat times
+every variant once (interleaved, 200 calls each after 20 untimed); the medians over the
+repeats and the op-minus-plain differences are printed.
 """
 import argparse
 import statistics
@@ -32,6 +35,7 @@ def main():
     ap.add_argument("--dim", type=int, nargs="+", default=[64, 8192])
     ap.add_argument("--repeats", type=int, default=31)
     ap.add_argument("--threads", type=int, default=1, help="gdnconv and torch threads")
+    ap.add_argument("--prompt-len", type=int, default=16, help="tokens of the prefill call")
     args = ap.parse_args()
     gdnconv.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
@@ -44,22 +48,32 @@ def main():
         out = torch.empty_like(x)
         nat = torch.ones(1, dtype=torch.int32)
         kw = dict(num_accepted_tokens=nat)
+        prompt = torch.randn(args.prompt_len, D, generator=g).bfloat16()
+        pout = torch.empty_like(prompt)
+        pkw = dict(conv_state=state, query_start_loc=torch.tensor([0, args.prompt_len], dtype=torch.int32),
+                   cache_indices=torch.zeros(1, dtype=torch.int32), has_initial_state=torch.ones(1, dtype=torch.bool))
         variants = {
             "plain": lambda: gdnconv.conv_update_multi(x, state, w, **kw),
             "op": lambda: gt.conv_update_multi(x, state, w, **kw),
             "plain out=": lambda: gdnconv.conv_update_multi(x, state, w, out=out, **kw),
             "op out=": lambda: gt.conv_update_multi(x, state, w, out=out, **kw),
+            "prefill plain": lambda: gdnconv.conv_prefill(prompt, w, **pkw),
+            "prefill op": lambda: gt.conv_prefill(prompt, w, **pkw),
+            "prefill plain out=": lambda: gdnconv.conv_prefill(prompt, w, out=pout, **pkw),
+            "prefill op out=": lambda: gt.conv_prefill(prompt, w, out=pout, **pkw),
         }
         samples = {k: [] for k in variants}
         for _ in range(args.repeats):
             for k, fn in variants.items():
                 samples[k].append(_time(fn))
         med = {k: statistics.median(v) for k, v in samples.items()}
-        print(f"D={D} B=1 T={T} bf16, {args.threads} thread(s), medians of {args.repeats} interleaved repeats (us per call):")
+        print(f"D={D} B=1 update T={T}, prefill T={args.prompt_len}, bf16, {args.threads} thread(s), medians of "
+              f"{args.repeats} interleaved repeats (us per call):")
         for k in variants:
-            print(f"  {k:11s} {med[k]:7.2f}")
-        print(f"  op overhead: {med['op'] - med['plain']:.2f} us (new out), "
-              f"{med['op out='] - med['plain out=']:.2f} us (out=)")
+            print(f"  {k:18s} {med[k]:7.2f}")
+        for name, pre in (("update", ""), ("prefill", "prefill ")):
+            print(f"  {name} op overhead: {med[pre + 'op'] - med[pre + 'plain']:.2f} us (new out), "
+                  f"{med[pre + 'op out='] - med[pre + 'plain out=']:.2f} us (out=)")
 
 
 if __name__ == "__main__":
