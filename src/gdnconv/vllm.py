@@ -3,7 +3,8 @@
 ref: vllm/model_executor/layers/mamba/ops/causal_conv1d.py (vLLM 0.32: ``causal_conv1d_update``,
 ``causal_conv1d_fn``) and ops/cpu/causal_conv1d.py (the CPU variants, which name the pad
 marker ``pad_slot_id``). A call site swaps ``causal_conv1d_update`` for
-``gdnconv.vllm.causal_conv1d_update`` and keeps its arguments.
+``gdnconv.vllm.causal_conv1d_update`` (and ``causal_conv1d_fn`` for
+``gdnconv.vllm.causal_conv1d_fn``) and keeps its arguments.
 
 Design:
 - vLLM's tensors are views in vLLM's order: the state ``(S, D, L)`` (vLLM's default "SD"
@@ -14,7 +15,8 @@ Design:
   written into ``x`` itself, as vLLM does.
 - Arguments gdnconv cannot honour (prefix-caching block indices) raise ValueError; none
   is ignored.
-- ``causal_conv1d_fn`` (prefill) exists where ``gdnconv.conv_prefill`` does.
+- ``causal_conv1d_fn`` (prefill) makes one ``gdnconv.conv_prefill`` call on ``x.T`` (vLLM's
+  ``(D, N)`` tokens are a transposed view of ``(N, D)`` memory) and the ``(S, L, D)`` state view.
 """
 import torch
 
@@ -153,31 +155,61 @@ if hasattr(_g, "conv_prefill"):
                          block_idx_last_scheduled_token=None, initial_state_idx=None,
                          num_computed_tokens=None, block_size_to_align=0, metadata=None,
                          validate_data=False):
-        """vLLM's ``causal_conv1d_fn`` (prefill), same arguments.
+        """vLLM's ``causal_conv1d_fn`` (prefill), same arguments, computed by ``gdnconv.conv_prefill``.
 
-        ``x`` is ``(dim, num_tokens)`` (vLLM passes the transpose of its ``(N, D)`` tokens:
-        gdnconv's fast layout), ``conv_states`` ``(S, dim, state_len)`` updated in place,
-        ``query_start_loc`` ``(batch + 1,)``, ``cache_indices`` and ``has_initial_state``
-        ``(batch,)``; requests whose slot is ``pad_slot_id`` are skipped. ``metadata``
-        (vLLM's precomputed launch sizes) is not needed; ``validate_data`` is accepted
-        (gdnconv always validates); prefix-caching arguments must be None and
-        ``block_size_to_align`` 0. ``null_block_id`` only matters with prefix caching.
-        Returns a new ``(dim, num_tokens)`` output in ``x``'s dtype.
+        Args (vLLM's names, order and defaults):
+            x: ``(dim, num_tokens)``, the requests' tokens end to end. vLLM passes the transpose
+                of its ``(num_tokens, dim)`` hidden states (channel stride 1: gdnconv's fast
+                layout); any strides work. Computed in ``conv_states``' dtype, as vLLM does.
+            weight: ``(dim, width)``, ``2 <= width <= 8``; bias: ``(dim,)`` or None.
+            conv_states: ``(num_cache_lines, dim, state_len)``, ``state_len >= width - 1``,
+                updated in place (vLLM's "SD" cache passed as ``.transpose(-1, -2)`` is the fast
+                layout); None: a convolution from zero history that writes no state.
+            query_start_loc: ``(batch + 1,)`` offsets of each request's tokens (required).
+            cache_indices: ``(batch,)`` slot per request (or ``(batch, k)``, of which column 0 is
+                used, as vLLM's kernel does without prefix caching); None: request ``i`` uses
+                slot ``i``.
+            has_initial_state: ``(batch,)`` bool: start from rows ``0..width-2`` of the slot; else
+                from zero history (the slot is not read). None: no request has one.
+            activation: None, "silu", "swish", or a bool (True = silu).
+            pad_slot_id: requests whose slot is this are skipped (vLLM's CPU variant).
+            null_block_id: requests whose slot is this are skipped too (vLLM's kernel: block 0 is
+                the null block); None: no such marker.
+            block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx,
+            num_computed_tokens: prefix caching; must be None. block_size_to_align: must be 0.
+            metadata: vLLM's precomputed launch sizes; not needed, ignored.
+            validate_data: accepted; gdnconv always validates.
+
+        Afterwards rows ``0..width-2`` of each live slot hold the last ``width - 1`` inputs of
+        its request (history included), as vLLM leaves them; skipped requests read and write
+        nothing. Returns a new ``(dim, num_tokens)`` tensor in ``x``'s dtype (a transposed view
+        of ``(num_tokens, dim)`` memory, vLLM's channel-last layout); rows of skipped requests
+        are zeros.
+
+        Raises ValueError/TypeError naming the argument for anything gdnconv refuses (the
+        errors of ``gdnconv.conv_prefill``, the prefix-caching arguments); nothing is written then.
         """
         _refuse(block_idx_first_scheduled_token=block_idx_first_scheduled_token,
                 block_idx_last_scheduled_token=block_idx_last_scheduled_token,
                 initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens)
-        if block_size_to_align != 0:
+        if block_size_to_align not in (0, None):
             raise ValueError(f"block_size_to_align = {block_size_to_align!r} (prefix caching) is not "
                              f"supported by gdnconv; pass 0")
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             raise ValueError(f"x must be a (dim, num_tokens) tensor, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if query_start_loc is None:
+            raise ValueError("query_start_loc is required: the (batch + 1,) offsets of the requests' tokens "
+                             "in x, as in vLLM")
         state = None if conv_states is None else _state_view(conv_states, "conv_states")
+        if isinstance(cache_indices, torch.Tensor) and cache_indices.dim() == 2:
+            cache_indices = cache_indices[:, 0]
+        if (null_block_id is not None and null_block_id != pad_slot_id and isinstance(cache_indices, torch.Tensor)
+                and not cache_indices.is_floating_point()):   # one marker for both (gdnconv checks the rest)
+            cache_indices = cache_indices.masked_fill(cache_indices == null_block_id, pad_slot_id)
         dtype = x.dtype if state is None else state.dtype
         weight, bias = _widen(weight, dtype), _widen(bias, dtype)
         out = _g.conv_prefill(x.T.to(dtype), weight, bias, activation=_activation(activation),
-                                 conv_state=state, query_start_loc=query_start_loc,
-                                 cache_indices=cache_indices, has_initial_state=has_initial_state,
-                                 pad_slot_id=pad_slot_id)
+                              conv_state=state, query_start_loc=query_start_loc, cache_indices=cache_indices,
+                              has_initial_state=has_initial_state, pad_slot_id=pad_slot_id)
         return out.T.to(x.dtype)
