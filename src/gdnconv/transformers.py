@@ -1,11 +1,21 @@
-"""Route the conv update of HF transformers' linear-attention / SSM models through gdnconv.
+"""Route the conv of HF transformers' linear-attention / SSM models through gdnconv.
 
-``patch()`` replaces ``causal_conv1d_update`` in every modeling module of the installed
-transformers that defines it (``ARCHITECTURES``), ``unpatch()`` puts the originals back,
-``patched()`` does both around a ``with`` block. ``counters()`` tells, per architecture,
-how many calls gdnconv took (``"routed"``) and how many went to the original function
-(``"fallback"``: anything gdnconv cannot take, e.g. autograd, a CUDA tensor, an
-activation other than SiLU).
+``patch()`` replaces ``causal_conv1d_update`` (decode) and ``causal_conv1d_fn`` (prefill)
+in every modeling module of the installed transformers that defines them
+(``ARCHITECTURES``), ``unpatch()`` puts the originals back, ``patched()`` does both around
+a ``with`` block. ``counters()`` tells, per architecture and function, how many calls
+gdnconv took (``"routed"``) and how many went to the original function (``"fallback"``:
+anything gdnconv cannot take, e.g. autograd, a CUDA tensor, an activation other than
+SiLU, packed sequences).
+
+Prefill (ref: ``causal_conv1d_fn`` in the same modules): without the ``causal_conv1d``
+package transformers runs the function's own torch body, a depthwise ``F.conv1d`` of
+``hidden_states`` ``(B, D, T)`` from zero history; the models first prepend the cached
+columns themselves (``cache.update_conv_state``, which also writes the cache), so the
+function holds no state. gdnconv computes it with ``conv_prefill`` on the ``(B, T, D)``
+view (no state) and returns the ``(B, D, T)`` view of the result. Calls with
+``cu_seqlens`` or ``seq_idx`` (packed sequences) go to the original, which refuses them
+without the ``causal_conv1d`` package.
 
 transformers' convention (ref: ``causal_conv1d_update`` in e.g.
 transformers/models/qwen3_next/modeling_qwen3_next.py): ``hidden_states`` ``(B, D, T)``,
@@ -122,7 +132,7 @@ _ROUTES = {"causal_conv1d_update": (_update_routable, _update_run)}
 
 if hasattr(_g, "conv_prefill"):
     def _fn_routable(hidden_states, weight, bias=None, activation=None, **kwargs):
-        # packed sequences (cu_seqlens / seq_idx) need the original; other kwargs it ignores too
+        # packed sequences (cu_seqlens / seq_idx) go to the original; other kwargs it ignores too
         if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
             return False
         return _routable(hidden_states, None, weight, bias, activation)
