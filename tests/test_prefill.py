@@ -274,6 +274,32 @@ def test_threads_bit_identical(isa, rng, small_threshold, shape):
     assert_bits_equal(res[0][1], res[1][1], "conv_state, 1 vs 2 threads")
 
 
+@pytest.mark.parametrize("W", [3, 8])
+def test_chunk_boundary_near_request_start(isa, rng, small_threshold, W):
+    """Requests that start 1..W-2 rows before a time-chunk boundary (chunks of 256 rows
+    of the whole call), with and without an initial state: the chunk boundary moves to
+    the request's start (only the unit holding token 0 reads the history and writes the
+    state), and 1 vs 2 threads give the reference's values, the same bits."""
+    # starts 0, 255 (boundary 256 at token 1), 260, 768 - (W - 2) (boundary 768 at token W-2), ...
+    lens = [255, 5, 768 - (W - 2) - 260, 300, 1, W - 2]
+    call = make_prefill(rng, dtype="bf16", W=W, D=96, T=1, B=len(lens), init="all")
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    call["x"] = alloc(rng, (int(qsl[-1]), 96), BF16)
+    flags = np.arange(len(lens)) % 2 == 1
+    st, idx = call["kw"]["conv_state"], call["kw"]["cache_indices"]
+    for i in np.flatnonzero(~flags):
+        if idx[i] >= 0:
+            st[idx[i]] = np.nan       # not read without an initial state
+    call["kw"].update(query_start_loc=qsl, has_initial_state=flags)
+    st0 = call["kw"]["conv_state"].copy()
+    res = []
+    for n in (1, 2):
+        call["kw"]["conv_state"][...] = st0
+        res.append((run_and_check(call, num_threads=n), call["kw"]["conv_state"].copy()))
+    assert_bits_equal(res[0][0], res[1][0], "out, 1 vs 2 threads")
+    assert_bits_equal(res[0][1], res[1][1], "conv_state, 1 vs 2 threads")
+
+
 def test_no_state_is_causal_conv(isa, rng):
     x = rng.standard_normal((3, 50, 40)).astype(np.float32)
     w = rng.standard_normal((40, 4)).astype(np.float32)
