@@ -49,3 +49,19 @@ def test_bench_with_nothing_to_run_exits_nonzero():
     res = run_python(code)
     assert res.returncode != 0
     assert "nothing to run" in res.stderr
+
+
+def test_bench_prefill_smoke():
+    """bench_prefill.py runs end to end on a tiny shape (cold rotation, every gdnconv
+    peer, the torch loop and the copy) and prints its table; without vLLM's library it
+    says so and times the rest."""
+    pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_prefill; "
+            f"sys.exit(bench_prefill.main(['--D', '64', '--shapes', '2x40', '--repeats', '1', '--sample-ms', '1', "
+            f"'--lib', '/nonexistent/_C.abi3.so']))")
+    res = run_python(code, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "library not found" in res.stdout and "engine-like cold" in res.stdout
+    row = [line for line in res.stdout.splitlines() if line.split()[:2] == ["2", "40"]]
+    assert len(row) == 1 and "nan" in row[0]   # vllm's column is empty

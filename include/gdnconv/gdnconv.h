@@ -1,9 +1,10 @@
 /* gdnconv public C interface: dtypes, status codes, CPU features, ISA selection and
  * the ops (one params struct and one set of calls per op).
  *
- * ref: vLLM causal_conv1d_update (vllm/model_executor/layers/mamba/ops/causal_conv1d.py)
- * for the update's semantics; the package's README and gdnconv.reference for the
- * exact contract.
+ * ref: vLLM causal_conv1d_update and causal_conv1d_fn
+ * (vllm/model_executor/layers/mamba/ops/causal_conv1d.py) for the update's and the
+ * prefill's semantics; the package's README and gdnconv.reference for the exact
+ * contract.
  */
 #ifndef GDNCONV_GDNCONV_H
 #define GDNCONV_GDNCONV_H
@@ -107,6 +108,38 @@ int64_t gdn_update_bytes(const gdn_update_params *p);
 
 /* Run the whole call on up to num_threads threads. Call gdn_update_validate first. */
 void gdn_update_run(const gdn_update_params *p, int num_threads);
+
+/* ---- the conv prefill (prefill.c): whole prompts, seeding each request's state ----
+ *
+ * ref: vLLM causal_conv1d_fn and its CPU op causal_conv1d_fwd_cpu. Request i with
+ * slot s = conv.conv_state_indices[i] (vLLM's cache_indices): the history h is
+ * conv_state[s, 0:W-1] when has_initial_state[i], else W-1 zero rows (the slot is
+ * then not read); out over h ++ x_i with the update's arithmetic; afterwards
+ * conv_state[s, 0:W-1] holds the last W-1 rows of h ++ x_i (raw bits), rows past
+ * W-2 untouched: what a plain update leaves. */
+typedef struct gdn_prefill_params {
+    /* the update's struct for the shared fields (geometry, arrays, weights, slots,
+     * query_start_loc); num_accepted_tokens must be NULL. conv_state NULL: a
+     * convolution from zero history that writes no state (conv_state_indices,
+     * has_initial_state NULL then too). */
+    gdn_update_params conv;
+    const uint8_t *has_initial_state;    /* [B] 0/1, or NULL: every history is zeros */
+} gdn_prefill_params;
+
+/* The update's index checks (query_start_loc, slot range, duplicate live slots),
+ * with its status codes; before any write. */
+int gdn_prefill_validate(const gdn_prefill_params *p, int64_t num_tokens, int64_t *bad_index,
+                         int64_t *bad_value);
+
+/* Bytes the performance model counts: e * D * sum over live requests of (2 T_i
+ * [read x, write out] + (W-1) [history read, when has_initial_state] + (W-1) [state
+ * written, when conv_state is given]) plus D * W weight elements. */
+int64_t gdn_prefill_bytes(const gdn_prefill_params *p);
+
+/* Run the whole call on up to num_threads threads; call gdn_prefill_validate first.
+ * Returns GDN_OK, or GDN_ERR_NO_MEMORY (nothing written) when the weight conversion
+ * has no memory. */
+int gdn_prefill_run(const gdn_prefill_params *p, int num_threads);
 
 #ifdef __cplusplus
 }

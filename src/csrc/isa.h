@@ -3,7 +3,7 @@
 #ifndef GDNCONV_ISA_H
 #define GDNCONV_ISA_H
 
-#include "update.h"
+#include "prefill.h"
 
 #define GDN_FEATURE_BIT(f) (1u << (f))
 
@@ -15,6 +15,8 @@ typedef struct gdn_isa {
     gdn_update_kernel_fn update;
     gdn_fill_fn update_fill;
     int update_requests_per_unit;
+    /* the prefill: its kernel for x and out with unit channel stride */
+    gdn_prefill_kernel_fn prefill;
 } gdn_isa;
 
 /* The ISA calls use now (gdn_select_isa), and the portable one, which takes any

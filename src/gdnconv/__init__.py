@@ -1,6 +1,7 @@
 """gdnconv: the CPU kernel for the short causal convolution of Gated DeltaNet and
 Mamba-style layers (Qwen3-Next, Qwen3.5, Mamba2, ...) in decoding and speculative
-decoding. ``conv_update_multi`` follows vLLM's ``causal_conv1d_update``.
+decoding. ``conv_update_multi`` follows vLLM's ``causal_conv1d_update``, and
+``conv_prefill`` (the prompt, which seeds each request's state) its ``causal_conv1d_fn``.
 
 The kernel (``avx512bf16``, ``avx512``, ``avx2`` or the portable ``scalar``) is chosen
 once at import: the best one this CPU supports, or the one named by the ``GDNCONV_ISA``
@@ -16,16 +17,19 @@ from ._core import (  # noqa: E402
     available_isas,
     bytes_moved,
     compiled_isas,
+    conv_prefill,
     conv_update_multi,
     cpu_features,
     get_num_threads,
     pack_weight,
+    prefill_bytes_moved,
     set_isa,
     set_num_threads,
 )
 
 __all__ = [
-    "conv_update_multi", "pack_weight", "bytes_moved", "set_num_threads", "get_num_threads",
+    "conv_update_multi", "conv_prefill", "pack_weight", "bytes_moved", "prefill_bytes_moved",
+    "set_num_threads", "get_num_threads",
     "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa", "__version__",
 ]
 

@@ -1,6 +1,6 @@
 # The C interface as Cython sees it: the one mirror of include/gdnconv/gdnconv.h, plus
 # the thread-setting hooks of src/csrc/threads.h.
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 
 cdef extern from "gdnconv/gdnconv.h" nogil:
     enum:
@@ -46,6 +46,13 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
                             int64_t *bad_value)
     int64_t gdn_update_bytes(const gdn_update_params *p)
     void gdn_update_run(const gdn_update_params *p, int num_threads)
+    ctypedef struct gdn_prefill_params:
+        gdn_update_params conv
+        const uint8_t *has_initial_state
+    int gdn_prefill_validate(const gdn_prefill_params *p, int64_t num_tokens, int64_t *bad_index,
+                             int64_t *bad_value)
+    int64_t gdn_prefill_bytes(const gdn_prefill_params *p)
+    int gdn_prefill_run(const gdn_prefill_params *p, int num_threads)
 
 cdef extern from "threads.h" nogil:
     int64_t gdn_set_parallel_min_bytes(int64_t bytes)

@@ -192,3 +192,15 @@ cdef int _written(const View *v, object a, str name) except -1:
     _refuse_autograd(a, name)
     _refuse_self_overlap(v, name)
     return 0
+
+
+cdef int _state_dims(const View *sv, object conv_state, int64_t D) except -1:
+    """conv_state must be (num_slots, state_len, D) with weight's D."""
+    if sv.ndim != 3:
+        raise ValueError(f"conv_state must have shape (num_slots, state_len, D), got {tuple(conv_state.shape)}")
+    if sv.shape[2] != D:
+        hint = (f": a (num_slots, D, state_len) state (vLLM's DS layout, transformers' cache) is passed "
+                f"as conv_state.transpose(1, 2)" if sv.shape[1] == D else "")
+        raise ValueError(f"conv_state dim {sv.shape[2]} (shape {tuple(conv_state.shape)}) does not "
+                         f"match weight dim {D}{hint}")
+    return 0

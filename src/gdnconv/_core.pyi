@@ -77,6 +77,61 @@ def bytes_moved(
     pad_slot_id: int = -1,
 ) -> int: ...
 @overload
+def conv_prefill(
+    x: _A,
+    weight: _ArrayOrTensor,
+    bias: _ArrayOrTensor | None = None,
+    *,
+    activation: _Activation = "silu",
+    conv_state: _ArrayOrTensor | None = None,
+    query_start_loc: _Index = None,
+    cache_indices: _Index = None,
+    has_initial_state: _Index = None,
+    pad_slot_id: int = -1,
+    out: None = None,
+    num_threads: int | None = None,
+) -> _A: ...
+@overload
+def conv_prefill(
+    x: _ArrayOrTensor | npt.ArrayLike,
+    weight: _ArrayOrTensor,
+    bias: _ArrayOrTensor | None = None,
+    *,
+    activation: _Activation = "silu",
+    conv_state: _ArrayOrTensor | None = None,
+    query_start_loc: _Index = None,
+    cache_indices: _Index = None,
+    has_initial_state: _Index = None,
+    pad_slot_id: int = -1,
+    out: _A,
+    num_threads: int | None = None,
+) -> _A: ...
+@overload
+def conv_prefill(
+    x: npt.ArrayLike,
+    weight: _ArrayOrTensor,
+    bias: _ArrayOrTensor | None = None,
+    *,
+    activation: _Activation = "silu",
+    conv_state: _ArrayOrTensor | None = None,
+    query_start_loc: _Index = None,
+    cache_indices: _Index = None,
+    has_initial_state: _Index = None,
+    pad_slot_id: int = -1,
+    out: None = None,
+    num_threads: int | None = None,
+) -> npt.NDArray[Any]: ...
+def prefill_bytes_moved(
+    x: _ArrayOrTensor | npt.ArrayLike,
+    weight: _ArrayOrTensor,
+    *,
+    conv_state: _ArrayOrTensor | None = None,
+    query_start_loc: _Index = None,
+    cache_indices: _Index = None,
+    has_initial_state: _Index = None,
+    pad_slot_id: int = -1,
+) -> int: ...
+@overload
 def pack_weight(weight: _A) -> _A: ...
 @overload
 def pack_weight(weight: npt.ArrayLike) -> npt.NDArray[np.float32]: ...

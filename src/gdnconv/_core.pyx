@@ -7,7 +7,7 @@ responsibility into files included here.
   arrays, new outputs); ``_checks.pxi``: the checks built on it (written arrays,
   aliasing, the arguments every op takes: activation, pad_slot_id, weight, bias).
 - ``_runtime.pxi``: threads, CPU features, ISA selection.
-- ``_update.pxi``: the conv update op.
+- ``_update.pxi``: the conv update op; ``_prefill.pxi``: the conv prefill op.
 
 Design:
 - One extension module: the ISA choice and the thread settings live in C statics,
@@ -52,3 +52,4 @@ include "_arrays.pxi"
 include "_checks.pxi"
 include "_runtime.pxi"
 include "_update.pxi"
+include "_prefill.pxi"

@@ -29,6 +29,11 @@ def format_report(r):
         f"gdnconv    : {_si(g['tokens_per_s'])} tokens/s, step median {g['median_us']:.1f} us, "
         f"p99 {g['p99_us']:.1f} us, {g['gb_per_s']:.1f} GB/s (kernel call only){_busy(g['others_pct'])}",
     ]
+    pf = r.get("prefill")
+    if pf is not None:
+        lines.append(f"prefill    : {_si(pf['tokens_per_s'])} prompt tokens/s, {pf['tokens']} tokens in "
+                     f"{pf['calls']} conv_prefill calls (prompts of 1..{c['prompt_len']}), "
+                     f"call median {pf['median_us']:.1f} us")
     cond = r["conditions"].split(":")[0]
     t = r["torch"]
     if t is not None:
@@ -46,6 +51,10 @@ def format_report(r):
         verdict = "OK" if k["ok"] else "FAILED"
         lines.append(f"check      : {k['outputs']} outputs of {k['steps']} steps vs float64 reference: "
                      f"max error {k['max_error_ratio']:.3g} x tolerance (max abs {k['max_abs_error']:.3g}) {verdict}")
+        if k.get("prefill"):
+            kp = k["prefill"]
+            lines.append(f"  prefill: {kp['outputs']} prompt outputs, max error {kp['max_error_ratio']:.3g} x "
+                         f"tolerance (max abs {kp['max_abs_error']:.3g})")
         if k["max_error_ratio"] > 1.0 and k["worst"]:
             wd = k["worst"]
             lines.append(f"  worst: step {wd['step']}, position {wd['position']} (request {wd['request']}, "

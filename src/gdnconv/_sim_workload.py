@@ -1,5 +1,5 @@
 """The simulator's workload and ground truth: the decode schedule (requests joining and
-leaving, drafts, acceptance, pads), the model's random weights and token pool, and the
+leaving, their prompts, drafts, acceptance, pads), the model's random weights and token pool, and the
 checker that compares each step's outputs with a float64 reference over each
 request's own accepted tokens. Used by ``gdnconv.simulate``."""
 import math
@@ -34,6 +34,21 @@ class Step:
     request_ids: np.ndarray         # (B,) request served by each batch position, -1 for pad
     accepted: np.ndarray            # (B,) how many of this step's tokens were accepted (0 for pad)
     live_tokens: int                # len(rows): tokens of live requests
+    prefill: "Prefill | None" = None    # prompts of the requests joining at this step, run before it
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """The prompts of the requests that join at one step: one varlen conv_prefill call
+    before the step, with has_initial_state false (the slots' stale content must not be
+    read). Fields as in ``Step``; the checker reads them the same way."""
+    query_start_loc: np.ndarray     # (P+1,) int32
+    slots: np.ndarray               # (P,) int32 cache_indices
+    tokens: np.ndarray              # (n,) pool rows of the prompts, end to end
+    rows: np.ndarray                # arange(n): every prompt output is checked
+    windows: np.ndarray             # (n, W) pool rows of each output's window (zero row before the prompt)
+    pad_rows: np.ndarray            # empty: no pad entries in a prefill
+    request_ids: np.ndarray         # (P,)
 
 
 class _Request:
@@ -48,14 +63,16 @@ class _Request:
         self.steps_left = steps_left
 
 
-def build_schedule(rng, *, batch, drafts, steps, num_slots, width, pool_size, accept_rate, mean_life):
+def build_schedule(rng, *, batch, drafts, steps, num_slots, width, pool_size, accept_rate, mean_life,
+                   prompt_len=0):
     """The whole decode run as a list of ``Step`` (index arrays only, no token data).
 
     Batch positions hold a request or are empty (passed as pad entries with 0..1+drafts
     junk tokens). A request lives a geometric number of steps (mean ``mean_life``), then
     frees its slot; its position stays empty for a geometric gap (often zero steps) and a
-    new request takes a random free slot, which is zeroed before its first step.
-    Each step a live request feeds ``1 + k`` tokens, ``k`` uniform in ``0..drafts``, and
+    new request takes a random free slot, which is zeroed before its first step, or with
+    ``prompt_len > 0`` seeded by a prefill of a prompt of 1..prompt_len pool rows (the
+    slot is then not zeroed). Each step a live request feeds ``1 + k`` tokens, ``k`` uniform in ``0..drafts``, and
     accepts ``1 +`` the number of leading drafts accepted with probability ``accept_rate``.
     """
     zero_row = pool_size
@@ -66,12 +83,31 @@ def build_schedule(rng, *, batch, drafts, steps, num_slots, width, pool_size, ac
     schedule = []
     for _ in range(steps):
         resets = []
+        p_qsl, p_slots, p_tokens, p_windows, p_rids = [0], [], [], [], []
         for b in range(batch):                        # new requests join empty positions
             if positions[b] is None and wait[b] <= 0:
                 slot = free.pop(int(rng.integers(len(free))))
-                resets.append(slot)
-                positions[b] = _Request(next_rid, slot, width, zero_row, int(rng.geometric(1.0 / mean_life)))
+                req = _Request(next_rid, slot, width, zero_row, int(rng.geometric(1.0 / mean_life)))
+                if prompt_len > 0:                    # prefill: history = the prompt's last W-1 rows
+                    prompt = rng.integers(0, pool_size, size=int(rng.integers(1, prompt_len + 1))).tolist()
+                    seq = req.history + prompt
+                    p_windows.extend(seq[t:t + width] for t in range(len(prompt)))
+                    p_tokens.extend(prompt)
+                    p_qsl.append(p_qsl[-1] + len(prompt))
+                    p_slots.append(slot)
+                    p_rids.append(next_rid)
+                    req.history = seq[-(width - 1):]
+                else:
+                    resets.append(slot)
+                positions[b] = req
                 next_rid += 1
+        prefill = None
+        if p_slots:
+            prefill = Prefill(
+                query_start_loc=np.asarray(p_qsl, dtype=np.int32), slots=np.asarray(p_slots, dtype=np.int32),
+                tokens=np.asarray(p_tokens, dtype=np.intp), rows=np.arange(len(p_tokens)),
+                windows=np.asarray(p_windows, dtype=np.intp).reshape(len(p_tokens), width),
+                pad_rows=np.zeros(0, dtype=np.intp), request_ids=np.asarray(p_rids, dtype=np.int64))
         qsl = [0]
         slots, num_acc, tokens, rows, windows, pad_rows, rids, accepted = [], [], [], [], [], [], [], []
         for b in range(batch):
@@ -121,6 +157,7 @@ def build_schedule(rng, *, batch, drafts, steps, num_slots, width, pool_size, ac
             request_ids=np.asarray(rids, dtype=np.int64),
             accepted=np.asarray(accepted, dtype=np.int32),
             live_tokens=len(rows),
+            prefill=prefill,
         ))
     return schedule
 

@@ -44,15 +44,9 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
         raise ValueError(f"x dim {c.xv.shape[c.xv.ndim - 1]} (shape {tuple(x.shape)}) does not match "
                          f"weight dim {D} (weight shape {tuple(weight.shape)}): x is (B, T, D), (B, D) "
                          f"or (N, D), channels last{hint}")
-    if c.sv.ndim != 3:
-        raise ValueError(f"conv_state must have shape (num_slots, state_len, D), got {tuple(conv_state.shape)}")
+    _state_dims(&c.sv, conv_state, D)
     S = c.sv.shape[0]
     L = c.sv.shape[1]
-    if c.sv.shape[2] != D:
-        hint = (f": a (num_slots, D, state_len) state (vLLM's DS layout, transformers' cache) is passed "
-                f"as conv_state.transpose(1, 2)" if c.sv.shape[1] == D else "")
-        raise ValueError(f"conv_state dim {c.sv.shape[2]} (shape {tuple(conv_state.shape)}) does not "
-                         f"match weight dim {D}{hint}")
     _written(&c.sv, conv_state, "conv_state")
     if c.xv.ndim == 3:
         if query_start_loc is not None:
@@ -274,16 +268,19 @@ def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_i
     return gdn_update_bytes(&c.p)
 
 
-cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_update_params *p, int64_t N) except -1:
+cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_update_params *p, int64_t N,
+                            str slots="conv_state_indices") except -1:
+    """The exception for a status of gdn_update_validate (or gdn_prefill_validate, whose
+    slot argument is named ``slots``)."""
     W, L = p.width, p.state_len
     if rc == GDN_ERR_SLOT_RANGE:
-        raise ValueError(f"conv_state_indices[{i}] = {v} is out of range: slots are 0..{p.num_slots - 1} "
+        raise ValueError(f"{slots}[{i}] = {v} is out of range: slots are 0..{p.num_slots - 1} "
                          f"(conv_state.shape[0] = {p.num_slots}) or pad_slot_id = {p.pad_slot_id}")
     if rc == GDN_ERR_SLOT_DUPLICATE:
         first = 0
         while p.conv_state_indices[first] != v:
             first += 1
-        raise ValueError(f"conv_state_indices[{i}] = {v} repeats the slot of request {first}: "
+        raise ValueError(f"{slots}[{i}] = {v} repeats the slot of request {first}: "
                          f"two requests cannot update one slot")
     if rc == GDN_ERR_ACCEPTED_RANGE:
         raise ValueError(f"num_accepted_tokens[{i}] = {v} is out of range [1, {L - W + 2}] for "

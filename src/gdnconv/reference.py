@@ -1,12 +1,14 @@
-"""The float64 reference: the definition of conv_update_multi, written plainly.
+"""The float64 reference: the definitions of conv_update_multi and conv_prefill,
+written plainly.
 
-ref: vLLM causal_conv1d_update (vllm/model_executor/layers/mamba/ops/causal_conv1d.py).
+ref: vLLM causal_conv1d_update and causal_conv1d_fn
+(vllm/model_executor/layers/mamba/ops/causal_conv1d.py).
 Slow on purpose (a Python loop over requests); tests and the simulator check the
 native kernel against it (with the tolerance of ``gdnconv.testing``).
 
-Also here: ``torch_loop_update``, the same op as the per-request torch loop that
-serving engines run without a native kernel (the peer ``gdnconv simulate`` and the
-benchmarks time gdnconv against).
+Also here: ``torch_loop_update`` and ``torch_loop_prefill``, the same ops as the
+per-request torch loops that serving engines run without a native kernel (the peers
+``gdnconv simulate`` and the benchmarks time gdnconv against).
 """
 import numpy as np
 
@@ -106,6 +108,69 @@ def causal_conv1d_ref(tokens, weight, bias=None, activation="silu"):
     return _act(y, activation)
 
 
+def _prefill_rows(x, query_start_loc):
+    """One (T_i, D) block of rows per request: (N, D) split at query_start_loc, or (B, T, D)."""
+    if query_start_loc is not None:
+        qsl = [int(v) for v in query_start_loc]
+        return [x[qsl[i]:qsl[i + 1]] for i in range(len(qsl) - 1)]
+    return list(x)
+
+
+def conv_prefill_ref(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
+                     cache_indices=None, has_initial_state=None, pad_slot_id=-1):
+    """Reference for ``gdnconv.conv_prefill``; nothing passed in is modified.
+
+    ref: vLLM causal_conv1d_fn. Takes the same arguments (NumPy arrays of any float
+    dtype) and returns ``(out, new_state)``: ``out`` in float64 with ``x``'s shape (rows
+    of skipped requests are NaN, since the kernel leaves a given ``out`` alone there),
+    ``new_state`` a copy of ``conv_state`` in its own dtype (None without one) whose
+    rows ``0..W-2`` of each live slot hold the last ``W-1`` rows of history ++ x_i,
+    bit for bit. The history is the slot's rows ``0..W-2`` when ``has_initial_state[i]``
+    is true, else zeros (the slot is not read).
+    """
+    x = np.asarray(x)
+    weight = np.asarray(weight, dtype=np.float64)
+    D, W = weight.shape
+    b = np.zeros(D) if bias is None else np.asarray(bias, dtype=np.float64)
+    state = None if conv_state is None else np.array(conv_state, copy=True)
+    rows = _prefill_rows(x, query_start_loc)
+    B = len(rows)
+    slots = list(range(B)) if cache_indices is None else [int(s) for s in cache_indices]
+    init = [False] * B if has_initial_state is None else [bool(h) for h in has_initial_state]
+    out_rows = []
+    for i in range(B):
+        xi = rows[i]
+        T = xi.shape[0]
+        s = slots[i]
+        if (cache_indices is not None and s == pad_slot_id) or T == 0:
+            out_rows.append(np.full((T, D), np.nan))
+            continue
+        if state is not None and init[i]:
+            history = state[s, :W - 1]                            # (W-1, D), state dtype
+        else:
+            history = np.zeros((W - 1, D), dtype=x.dtype if state is None else state.dtype)
+        seq = np.concatenate([history.astype(np.float64), xi.astype(np.float64)])
+        y = b + sum(weight[:, k] * seq[k:k + T] for k in range(W))
+        out_rows.append(_act(y, activation))
+        if state is not None:
+            raw = np.concatenate([history, xi.astype(state.dtype)])   # bits of history and x_i
+            state[s, :W - 1] = raw[-(W - 1):]
+    out = np.concatenate(out_rows) if out_rows else np.zeros((0, D))
+    return out.reshape(x.shape), state
+
+
+def prefill_magnitude(x, weight, bias=None, **kwargs):
+    """``magnitude`` for ``conv_prefill``: ``|bias| + sum_k |weight[:, k] * window[k]|``
+    per output, float64, ``x``'s shape. Same arguments as ``conv_prefill_ref``."""
+    kwargs["activation"] = None
+    with np.errstate(invalid="ignore", over="ignore"):
+        absolute = [None if a is None else np.abs(np.asarray(a).astype(np.float64))
+                    for a in (x, weight, bias, kwargs.get("conv_state"))]
+        kwargs["conv_state"] = absolute[3]
+        mag, _ = conv_prefill_ref(*absolute[:3], **kwargs)
+    return mag
+
+
 def torch_loop_update(x, conv_state, weight, bias=None, *, activation="silu", num_accepted_tokens=None,
                       conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
     """``gdnconv.conv_update_multi`` as a Python loop over requests with torch ops
@@ -148,4 +213,46 @@ def torch_loop_update(x, conv_state, weight, bias=None, *, activation="silu", nu
         else:
             conv_state[s, :W - 2] = window[1:W - 1]
             conv_state[s, W - 2:W - 2 + T] = xi
+    return out
+
+
+def torch_loop_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
+                       cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None):
+    """``gdnconv.conv_prefill`` as a Python loop over requests with torch ops, as vLLM's
+    CPU fallback runs it (``torch.cat`` of the history and the prompt, depthwise
+    ``F.conv1d``, SiLU, state copy per request).
+
+    All arguments are torch CPU tensors (index arrays int32/int64, ``has_initial_state``
+    bool), shapes and semantics as ``gdnconv.conv_prefill``; ``conv_state`` is updated
+    in place; returns ``out`` (a new zero tensor of ``x``'s shape when not given). No
+    argument checks.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    D, W = weight.shape
+    w = weight.unsqueeze(1)                      # [D, 1, W] depthwise filters
+    if out is None:
+        out = torch.zeros_like(x)
+    if query_start_loc is not None:
+        starts = query_start_loc.tolist()
+        spans = [(starts[i], starts[i + 1]) for i in range(len(starts) - 1)]
+        rows, outs = [x[a:b] for a, b in spans], [out[a:b] for a, b in spans]
+    else:
+        rows, outs = list(x), list(out)
+    slots = list(range(len(rows))) if cache_indices is None else cache_indices.tolist()
+    init = [False] * len(rows) if has_initial_state is None else has_initial_state.tolist()
+    for i, (xi, oi) in enumerate(zip(rows, outs)):
+        s, T = slots[i], xi.shape[0]
+        if T == 0 or (cache_indices is not None and s == pad_slot_id):
+            continue
+        if conv_state is not None and init[i]:
+            history = conv_state[s, :W - 1]
+        else:
+            history = torch.zeros(W - 1, D, dtype=x.dtype)
+        window = torch.cat([history, xi], dim=0)                                  # [W-1+T, D]
+        y = F.conv1d(window.t().unsqueeze(0), w, bias, groups=D)[0].t()           # [T, D]
+        oi.copy_(F.silu(y) if activation in ("silu", "swish", True) else y)
+        if conv_state is not None:
+            conv_state[s, :W - 1] = window[-(W - 1):]
     return out

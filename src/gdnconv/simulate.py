@@ -5,15 +5,19 @@ pool of conv-state slots. Each step every live request feeds its last verified t
 0..--drafts draft tokens (one varlen call with query_start_loc); each draft is accepted
 with probability --accept-rate while the previous ones were, and the count accepted is
 the next step's num_accepted_tokens. Requests finish and new ones join: a freed slot is
-zeroed and reused, and an empty batch position is passed with pad_slot_id.
+zeroed and reused, and an empty batch position is passed with pad_slot_id. With
+--prompt-len P a joining request first prefills a prompt of 1..P tokens (one varlen
+conv_prefill call per step for all joiners; the slot is not zeroed and
+has_initial_state is false, so its stale content must not be read).
 
-Only the conv_update_multi call is timed. With --check (the default) every output of
-every step is compared with a float64 reference computed from each request's own
-accepted-token history (never from the kernel's state), in units of the accepted
+Only the conv_update_multi and conv_prefill calls are timed, separately (decode and
+prefill tokens/s). With --check (the default) every output of
+every step, prompt outputs included, is compared with a float64 reference computed
+from each request's own prompt and accepted-token history (never from the kernel's state), in units of the accepted
 tolerance (gdnconv.testing); the exit status is nonzero when any output is out of
 tolerance. When torch is installed, the same steps (same inputs) are replayed through
 the per-request torch loop that serving engines run without a native kernel
-(gdnconv.reference.torch_loop_update), under the same conditions: its outputs are
+(gdnconv.reference.torch_loop_update; prompts through torch_loop_prefill), under the same conditions: its outputs are
 checked between its steps too, so both sides find their data pushed out of the
 caches by the check, as the other layers of a model would push it out. The CPU time
 other processes take meanwhile is measured; a busy machine is reported.
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import gdnconv
-from gdnconv.reference import torch_loop_update
+from gdnconv.reference import torch_loop_prefill, torch_loop_update
 from gdnconv.testing import as_torch
 from gdnconv.timing import BUSY_PCT, CpuMeter
 
@@ -107,20 +111,43 @@ def _stage(step, state, pool, x_buf, out_buf, sentinel):
     return n
 
 
+def run_prefill(p, state, weight, bias, pool, threads, checker):
+    """A step's prompts (``Prefill`` p) through ``gdnconv.conv_prefill`` (zero history: the
+    slots' stale content is not read), then their check; returns (ns, seconds checking)."""
+    x = np.take(pool, p.tokens, axis=0)
+    out = np.full_like(x, np.nan) if checker is not None else np.empty_like(x)
+    t0 = time.perf_counter_ns()
+    gdnconv.conv_prefill(x, weight, bias, activation="silu", conv_state=state, query_start_loc=p.query_start_loc,
+                         cache_indices=p.slots, has_initial_state=np.zeros(len(p.slots), dtype=bool),
+                         pad_slot_id=PAD_SLOT_ID, out=out, num_threads=threads)
+    ns = time.perf_counter_ns() - t0
+    c0 = time.perf_counter()
+    if checker is not None:
+        checker.check(-1, p, out)
+    return ns, time.perf_counter() - c0
+
+
 def run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads, checker, snapshot_at,
-                progress):
-    """Run every step through ``gdnconv.conv_update_multi``; returns (ns per step,
-    bytes per step, state snapshot after ``snapshot_at`` steps, seconds spent checking,
-    % of a CPU other processes used meanwhile)."""
+                progress, prefill_checker=None):
+    """Run every step through ``gdnconv.conv_update_multi``, after its prompts (if any)
+    through ``gdnconv.conv_prefill``; returns (ns per step, bytes per step, state
+    snapshot after ``snapshot_at`` steps, seconds spent checking, % of a CPU other
+    processes used meanwhile, prefill ns per step, prefill tokens per step)."""
     kernel = gdnconv.conv_update_multi
     ns = np.zeros(len(schedule), dtype=np.int64)
     nbytes = np.zeros(len(schedule), dtype=np.int64)
+    p_ns = np.zeros(len(schedule), dtype=np.int64)
+    p_tokens = np.zeros(len(schedule), dtype=np.int64)
     snapshot = None
     check_s = 0.0
     bar = _progress(len(schedule), "gdnconv", progress)
     meter = CpuMeter()
     m0 = meter.mark()
     for i, step in enumerate(schedule):
+        if step.prefill is not None:   # the joiners' prompts, timed on their own
+            p_ns[i], spent = run_prefill(step.prefill, state, weight, bias, pool, threads, prefill_checker)
+            p_tokens[i] = len(step.prefill.tokens)
+            check_s += spent
         # -- untimed: slot resets, inputs, index arrays, output sentinel
         n = _stage(step, state, pool, x_buf, out_buf, checker is not None)
         x, out = x_buf[:n], out_buf[:n]
@@ -145,7 +172,7 @@ def run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads, ch
     others = meter.others_pct(m0, meter.mark())
     if bar is not None:
         bar.close()
-    return ns, nbytes, snapshot, check_s, others
+    return ns, nbytes, snapshot, check_s, others, p_ns, p_tokens
 
 
 def run_torch(schedule, state_shape, weight, bias, pool, dtype, threads, checker, progress):
@@ -179,6 +206,12 @@ def run_torch(schedule, state_shape, weight, bias, pool, dtype, threads, checker
         meter = CpuMeter()
         m0 = meter.mark()
         for i, step in enumerate(schedule):
+            if step.prefill is not None:   # untimed: the prompts through the torch loop
+                p = step.prefill
+                torch_loop_prefill(as_torch(np.take(pool, p.tokens, axis=0)), weight_t, bias_t, activation="silu",
+                                   conv_state=state_t, query_start_loc=torch.from_numpy(p.query_start_loc),
+                                   cache_indices=torch.from_numpy(p.slots), pad_slot_id=PAD_SLOT_ID,
+                                   has_initial_state=torch.zeros(len(p.slots), dtype=torch.bool))
             n = _stage(step, state, pool, x_buf, out_buf, checker is not None)
             acc_t, slots_t, qsl_t = index_t[i]
             t0 = time.perf_counter_ns()
@@ -227,7 +260,8 @@ def simulate(args):
             ("--batch", batch, batch >= 1, ">= 1"), ("--drafts", drafts, drafts >= 0, ">= 0"),
             ("--steps", steps, steps >= 1, ">= 1"), ("--slots", num_slots, num_slots >= batch, ">= --batch"),
             ("--accept-rate", args.accept_rate, 0.0 <= args.accept_rate <= 1.0, "in 0..1"),
-            ("--mean-life", mean_life, mean_life >= 1, ">= 1"), ("--threads", threads, threads >= 1, ">= 1")):
+            ("--mean-life", mean_life, mean_life >= 1, ">= 1"), ("--threads", threads, threads >= 1, ">= 1"),
+            ("--prompt-len", args.prompt_len, args.prompt_len >= 0, ">= 0")):
         if not ok:
             raise SystemExit(f"gdnconv simulate: {name} {value} must be {rule}")
 
@@ -237,7 +271,8 @@ def simulate(args):
     pool_size = int(min(4096, max(256, (32 << 20) // (8 * dim))))
     weight, bias, pool, pool64 = make_model(rng, dim, width, dtype, pool_size)
     schedule = build_schedule(rng, batch=batch, drafts=drafts, steps=steps, num_slots=num_slots, width=width,
-                              pool_size=pool_size, accept_rate=args.accept_rate, mean_life=mean_life)
+                              pool_size=pool_size, accept_rate=args.accept_rate, mean_life=mean_life,
+                              prompt_len=args.prompt_len)
     max_rows = max(1, batch * (1 + drafts))
     state = np.zeros((num_slots, state_len, dim), dtype=dtype)
     x_buf = np.empty((max_rows, dim), dtype=dtype)
@@ -255,9 +290,11 @@ def simulate(args):
         torch_note = "disabled (--no-torch)"
 
     checker = Checker(weight, bias, pool64, dtype) if args.check else None
+    prefill_checker = Checker(weight, bias, pool64, dtype) if args.check else None
     _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, threads)
-    ns, nbytes, snapshot, check_s, others = run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf,
-                                                        threads, checker, torch_steps, args.progress)
+    ns, nbytes, snapshot, check_s, others, p_ns, p_tokens = run_gdnconv(
+        schedule, state, weight, bias, pool, x_buf, out_buf, threads, checker, torch_steps, args.progress,
+        prefill_checker)
     live = np.array([s.live_tokens for s in schedule])
     entries = sum(len(s.slots) for s in schedule)
     pads = sum(int(np.count_nonzero(s.slots == PAD_SLOT_ID)) for s in schedule)
@@ -269,6 +306,7 @@ def simulate(args):
             "preset": args.preset, "dim": dim, "width": width, "state_len": state_len, "batch": batch,
             "drafts": drafts, "accept_rate": args.accept_rate, "dtype": args.dtype, "isa": gdnconv.active_isa(),
             "threads": threads, "slots": num_slots, "steps": steps, "seed": args.seed, "mean_life": mean_life,
+            "prompt_len": args.prompt_len,
         },
         "workload": {
             "requests": int(max((int(s.request_ids.max()) for s in schedule if len(s.request_ids)), default=-1) + 1),
@@ -290,6 +328,13 @@ def simulate(args):
     gd["gb_per_s"] = float(nbytes.sum() / (ns.sum() * 1e-9) / 1e9) if ns.sum() else 0.0
     gd["others_pct"] = others
     result["gdnconv"] = gd
+    result["prefill"] = None
+    if p_tokens.any():
+        calls = p_tokens > 0
+        total_s = p_ns.sum() * 1e-9
+        result["prefill"] = {"calls": int(calls.sum()), "tokens": int(p_tokens.sum()),
+                             "tokens_per_s": float(p_tokens.sum() / total_s) if total_s > 0 else 0.0,
+                             "median_us": float(np.median(p_ns[calls]) / 1e3)}
 
     result["torch"] = None
     result["speedup"] = None
@@ -322,7 +367,11 @@ def simulate(args):
             "pad_rows_untouched": checker.pad_violations == 0, "torch_state_match": torch_state_match,
             "seconds": check_s,
         }
-        ok = checker.ok and torch_state_match is not False
+        if result["prefill"] is not None:
+            result["check"]["prefill"] = {"outputs": prefill_checker.outputs,
+                                          "max_error_ratio": prefill_checker.max_ratio,
+                                          "max_abs_error": prefill_checker.max_abs, "worst": prefill_checker.worst}
+        ok = checker.ok and prefill_checker.ok and torch_state_match is not False
         result["check"]["ok"] = ok
     else:
         result["check"] = {"enabled": False}
@@ -356,6 +405,9 @@ def add_arguments(parser):
                         help="mean request lifetime in steps (default: steps/8, within 4..64)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the workload and the random data (default: %(default)s)")
+    parser.add_argument("--prompt-len", type=int, default=0,
+                        help="joining requests first prefill a prompt of 1..N tokens through conv_prefill "
+                             "(default 0: they start from a zeroed slot)")
     parser.add_argument("--threads", type=int, default=None, help="kernel threads (default: gdnconv's default)")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                         help="verify every output against the float64 reference (between timed steps, so the timed "

@@ -1,0 +1,298 @@
+# The conv prefill op (vLLM's causal_conv1d_fn): its checks (the shared ones of
+# _checks.pxi plus its own), its params filled in one place (_prefill_params), the
+# call, and the byte model.
+
+cdef class _Prefill:
+    """One prefill call as the kernel sees it: the views of its arguments, the objects
+    that own their memory (kept until the kernel returns), and its params."""
+    cdef gdn_prefill_params p
+    cdef View xv, sv, wv, bv, ov, iv, qv
+    cdef list keep
+    cdef object flags           # has_initial_state as a private (B,) uint8 copy, or None
+    cdef bint out_is_x, varlen, has_state
+    cdef int64_t B, T, N, S, L, D, W, pad_slot_id
+    cdef int dt, wdt, silu
+
+    def __cinit__(self):
+        self.keep = []
+
+
+cdef object _flag_source(object a, str name):
+    """has_initial_state as a private 1-D uint8 0/1 array (true = nonzero), or None;
+    converted (user code runs) before the call takes any pointer, and a copy, so it
+    overlaps nothing the call writes."""
+    if a is None:
+        return None
+    if _is_tensor(a):
+        if not a.is_cpu:
+            raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
+        if a.dtype.is_floating_point or a.dtype.is_complex:
+            raise TypeError(f"{name} must be a bool or integer array, got dtype {_dtype_name(a)}")
+        a = a.numpy(force=True)
+    a = np.asarray(a)
+    if a.dtype.kind not in "biu":
+        raise TypeError(f"{name} must be a bool or integer array, got dtype {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (B,), got shape {a.shape}")
+    return np.ascontiguousarray(a != 0).view(np.uint8)
+
+
+cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, query_start_loc,
+                        cache_indices, has_initial_state, pad_slot_id, out) except -1:
+    """Every check of the prefill that needs no index value; nothing is written. All
+    arguments must come from _input_array / _index_source / _flag_source."""
+    cdef int64_t B, T = 0, N = 0, D, W, L = 0, S = 0
+    c.silu = _silu_flag(activation)
+    c.pad_slot_id = _pad_slot(pad_slot_id)
+    c.has_state = conv_state is not None
+    if not c.has_state:
+        for arg, name in ((cache_indices, "cache_indices"), (has_initial_state, "has_initial_state")):
+            if arg is not None:
+                raise ValueError(f"{name} is given without conv_state: pass the conv_state it refers to, "
+                                 f"or {name}=None for a convolution without state")
+
+    # ---- arrays and dtypes
+    c.keep.append(_view(x, &c.xv, "x"))
+    c.dt = _dtype_of(&c.xv, x, "x")
+    if c.has_state:
+        c.keep.append(_view(conv_state, &c.sv, "conv_state"))
+        if _dtype_of(&c.sv, conv_state, "conv_state") != c.dt:
+            raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
+    else:   # an empty view: overlaps nothing
+        memset(&c.sv, 0, sizeof(View))
+        c.sv.ndim = 3
+        c.sv.itemsize = c.xv.itemsize
+    c.wdt = _weights(c.keep, &c.wv, &c.bv, weight, bias, x, c.dt)
+    if out is not None:
+        c.keep.append(_view(out, &c.ov, "out"))
+        if _dtype_of(&c.ov, out, "out") != c.dt:
+            raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
+
+    # ---- shapes
+    D = c.wv.shape[0]
+    W = c.wv.shape[1]
+    if c.xv.ndim in (2, 3) and c.xv.shape[c.xv.ndim - 1] != D:
+        hint = (f": x looks like vLLM's (D, N) layout; pass x.T (a free view, the fast layout)"
+                if c.xv.ndim == 2 and c.xv.shape[0] == D else
+                f": x looks like vLLM's Triton layout (B, D, T); pass x.transpose(1, 2)"
+                if c.xv.ndim == 3 and c.xv.shape[1] == D else "")
+        raise ValueError(f"x dim {c.xv.shape[c.xv.ndim - 1]} (shape {tuple(x.shape)}) does not match "
+                         f"weight dim {D} (weight shape {tuple(weight.shape)}): x is (N, D) or (B, T, D), "
+                         f"channels last{hint}")
+    if c.has_state:
+        _state_dims(&c.sv, conv_state, D)
+        S = c.sv.shape[0]
+        L = c.sv.shape[1]
+        _written(&c.sv, conv_state, "conv_state")
+        if L < W - 1:
+            raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: conv_prefill keeps the "
+                             f"last width - 1 = {W - 1} inputs there (state_len >= {W - 1})")
+    if c.xv.ndim == 3:
+        if query_start_loc is not None:
+            raise ValueError(f"x must be 2-D (N, D) with query_start_loc, got shape {tuple(x.shape)}")
+        B = c.xv.shape[0]
+        T = c.xv.shape[1]
+    elif c.xv.ndim == 2:
+        if query_start_loc is None:
+            raise ValueError(f"x of shape {tuple(x.shape)} is (N, D) and needs query_start_loc (B + 1,); "
+                             f"for one sequence of N tokens pass x[None] ((1, N, D)) or "
+                             f"query_start_loc=[0, N]")
+        N = c.xv.shape[0]
+        B = _index_len(query_start_loc, "query_start_loc") - 1
+        if B < 0:
+            raise ValueError("query_start_loc must have B + 1 >= 1 entries, got 0")
+    else:
+        raise ValueError(f"x must be (N, D) with query_start_loc, or (B, T, D), got shape {tuple(x.shape)}")
+    c.out_is_x = False
+    if out is not None:
+        if not _same_shape(&c.ov, &c.xv):
+            raise ValueError(f"out shape {tuple(out.shape)} does not match x shape {tuple(x.shape)}")
+        _written(&c.ov, out, "out")
+        c.out_is_x = _same_view(&c.ov, &c.xv)
+
+    # ---- index arrays
+    if query_start_loc is not None:
+        c.keep.append(_index_array(query_start_loc, "query_start_loc", B + 1, &c.qv))
+    if cache_indices is not None:
+        c.keep.append(_index_array(cache_indices, "cache_indices", B, &c.iv))
+    elif c.has_state and B > S:
+        raise ValueError(f"batch {B} needs cache_indices: conv_state has only {S} slots")
+    if has_initial_state is not None and has_initial_state.shape[0] != B:
+        raise ValueError(f"has_initial_state must have shape ({B},), got {has_initial_state.shape}")
+    c.flags = has_initial_state
+
+    # ---- aliasing: what is written must not share memory with what is read (a
+    # read-only argument NumPy cannot decide within a bounded search is read from a copy)
+    has_out = out is not None
+    if has_out:
+        _refuse_shared(&c.ov, "out", &c.sv, "conv_state")
+        if not c.out_is_x:
+            _read_apart(c.keep, &c.xv, "x", &c.ov, "out", " without being out")
+    _read_apart(c.keep, &c.xv, "x", &c.sv, "conv_state")
+    _prefill_apart(c, &c.wv, "weight", has_out)
+    if bias is not None:
+        _prefill_apart(c, &c.bv, "bias", has_out)
+    if cache_indices is not None:
+        _prefill_apart(c, &c.iv, "cache_indices", has_out)
+    if query_start_loc is not None:
+        _prefill_apart(c, &c.qv, "query_start_loc", has_out)
+
+    c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
+    c.varlen = query_start_loc is not None
+    return 0
+
+
+cdef int _prefill_apart(_Prefill c, View *r, str name, bint has_out) except -1:
+    """A read-only argument must not share memory with conv_state or out (see _read_apart)."""
+    _read_apart(c.keep, r, name, &c.sv, "conv_state")
+    if has_out:
+        _read_apart(c.keep, r, name, &c.ov, "out")
+    return 0
+
+
+cdef int _prefill_params(_Prefill c, bint has_bias, bint has_idx, bint zero_skipped) except -1:
+    """The one place the prefill's params are filled, from the checked views (x and out
+    final), then the index arrays validated in C; nothing is written."""
+    cdef gdn_update_params *p = &c.p.conv
+    cdef int64_t bad_i = 0, bad_v = 0
+    memset(&c.p, 0, sizeof(gdn_prefill_params))
+    p.batch, p.dim, p.width, p.state_len, p.num_slots, p.seqlen = c.B, c.D, c.W, c.L, c.S, c.T
+    p.pad_slot_id = c.pad_slot_id
+    p.dtype, p.weight_dtype, p.silu, p.zero_skipped = c.dt, c.wdt, c.silu, zero_skipped
+    p.x = c.xv.ptr
+    _rows(&c.xv, c.varlen, &p.x_stride_b, &p.x_stride_t, &p.x_stride_d)
+    p.out = c.ov.ptr
+    _rows(&c.ov, c.varlen, &p.out_stride_b, &p.out_stride_t, &p.out_stride_d)
+    if c.has_state:
+        p.conv_state = c.sv.ptr
+        p.state_stride_s, p.state_stride_l, p.state_stride_d = c.sv.strides[0], c.sv.strides[1], c.sv.strides[2]
+    p.weight = c.wv.ptr
+    p.weight_stride_d, p.weight_stride_w = c.wv.strides[0], c.wv.strides[1]
+    if has_bias:
+        p.bias = c.bv.ptr
+        p.bias_stride = c.bv.strides[0]
+    if c.varlen:
+        p.query_start_loc = <const int32_t *>c.qv.ptr
+    if has_idx:
+        p.conv_state_indices = <const int32_t *>c.iv.ptr
+    if c.flags is not None:
+        c.p.has_initial_state = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>c.flags)
+    rc = gdn_prefill_validate(&c.p, c.N, &bad_i, &bad_v)
+    if rc != GDN_OK:
+        _raise_index_error(rc, bad_i, bad_v, p, c.N, "cache_indices")
+    return 0
+
+
+def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
+                 cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None, num_threads=None):
+    """Causal conv1d over whole prompts (prefill), seeding each request's conv state.
+
+    Semantics follow vLLM's ``causal_conv1d_fn`` (its CPU op ``causal_conv1d_fwd_cpu``);
+    the float64 ``gdnconv.reference.conv_prefill_ref`` spells them out. For request ``i``
+    with tokens ``x_i`` (``T_i`` rows) and slot ``s = cache_indices[i]``, the history
+    ``h`` is ``conv_state[s, 0:W-1]`` when ``has_initial_state[i]`` is true, else ``W-1``
+    zero rows (the slot is then not read: stale or NaN content cannot leak), and
+    ``out[t, d] = act(bias[d] + sum_k weight[d, k] * (h ++ x_i)[t + k, d])``, accumulated
+    in float32 in the update's tap order and rounded once: ``conv_update_multi``'s
+    outputs for the same window, bit for bit on the same ISA. Afterwards
+    ``conv_state[s, 0:W-1]`` holds the last ``W-1`` rows of ``h ++ x_i`` (bit-exact
+    copies; rows past ``W-2`` untouched), what plain ``conv_update_multi`` leaves, so
+    decode and speculative updates continue from it directly.
+
+    Args:
+        x: ``(N, D)`` tokens of all requests end to end, with ``query_start_loc``; or
+            ``(B, T, D)`` for requests of equal length. float32, float16 or bfloat16
+            (``ml_dtypes.bfloat16`` for NumPy), any strides; channel stride 1 takes the
+            SIMD kernel, other strides the portable one. vLLM holds ``x`` as ``(D, N)``,
+            a transposed view of ``(N, D)`` memory: pass ``x.T`` (a free view with
+            channel stride 1, the fast layout), and ``out.T`` likewise. Read only.
+        weight: ``(D, W)`` taps, ``2 <= W <= 8``; ``x``'s dtype or float32.
+        bias: ``(D,)`` of ``weight``'s dtype, or None.
+        activation: None, ``"silu"`` or ``"swish"``; True/False as in vLLM.
+        conv_state: ``(S, L, D)`` with ``L >= W - 1``, ``x``'s dtype, updated in place
+            (never copied); any strides (vLLM's ``(S, D, L)`` storage passed as
+            ``conv_state.transpose(1, 2)``). None: a convolution from zero history
+            that writes no state (``cache_indices`` and ``has_initial_state`` must then
+            be None).
+        query_start_loc: ``(B + 1,)`` integer offsets of each request's rows in ``x``
+            (0, non-decreasing, ending at ``N``); ``T_i = 0`` is allowed.
+        cache_indices: ``(B,)`` integer slot per request (vLLM's name for
+            ``conv_state_indices``); default ``arange(B)``. A request whose slot is
+            ``pad_slot_id`` is skipped: nothing read or written, its ``out`` rows zeros
+            in a new ``out`` and untouched in a given one. Live slots must differ.
+        has_initial_state: ``(B,)`` bool (or integer, nonzero = true); None: no
+            request has one.
+        pad_slot_id: slot value that marks padding (default -1).
+        out: optional array of ``x``'s shape and dtype, any strides; may be ``x``
+            itself (``x`` is then read from a temporary copy).
+        num_threads: threads for this call (default ``get_num_threads()``). Long
+            prompts are split along time, so one prompt uses every thread; the results
+            do not depend on the thread count, bit for bit; small calls run on the
+            calling thread.
+
+    Returns:
+        ``out`` (a new NumPy array or torch tensor like ``x`` when not given).
+
+    Raises:
+        TypeError: an argument is not an array/tensor (``x`` and the index arguments
+            may be sequences NumPy converts), dtypes unsupported or mixed, index
+            arrays not integer (``has_initial_state``: not bool or integer).
+        ValueError: wrong rank or shape, ``D``/``W`` mismatch, width outside 2..8,
+            ``state_len < W - 1``, a 2-D ``x`` without ``query_start_loc``, bad
+            ``query_start_loc``, slot out of range or used twice, ``cache_indices``
+            or ``has_initial_state`` without ``conv_state``, read-only or
+            self-overlapping ``conv_state``/``out``, ``out`` overlapping
+            ``conv_state`` (or ``x`` without being ``x``), ``x`` overlapping
+            ``conv_state``, non-CPU tensors.
+        MemoryError: no memory for the weight conversion.
+        Nothing is written when an exception is raised.
+    """
+    cdef _Prefill c = _Prefill()
+    cdef int nthreads = _num_threads if num_threads is None else _check_threads(num_threads, "num_threads")
+    cdef int rc
+    # convert first: user code (__array__) must not run once pointers are taken
+    x = _input_array(x, "x")
+    weight = _native(weight)
+    bias = _native(bias)
+    cache_indices = _index_source(cache_indices, "cache_indices", c.keep)
+    query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
+    has_initial_state = _flag_source(has_initial_state, "has_initial_state")
+    _check_prefill(c, x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
+                   has_initial_state, pad_slot_id, out)
+    if c.out_is_x:
+        # a time chunk reads its window from x rows that earlier outputs would overwrite
+        x = x.clone() if c.xv.torch else np.array(x, order="C")
+        c.keep.append(_view(x, &c.xv, "x"))
+    new_out = out is None
+    if new_out:
+        out = _new_like(x, &c.xv)
+        c.keep.append(_view(out, &c.ov, "out"))
+    _prefill_params(c, bias is not None, cache_indices is not None, new_out)
+    with nogil:
+        rc = gdn_prefill_run(&c.p, nthreads)
+    if rc == GDN_ERR_NO_MEMORY:
+        raise MemoryError("no memory for conv_prefill's weight conversion")
+    return out
+
+
+def prefill_bytes_moved(x, weight, *, conv_state=None, query_start_loc=None, cache_indices=None,
+                        has_initial_state=None, pad_slot_id=-1):
+    """Bytes the performance model counts for this ``conv_prefill`` call (int), for
+    benchmarks.
+
+    ``e * D * sum_i (2 T_i + (W - 1) [history read, when has_initial_state[i]] + (W - 1)
+    [state written, with conv_state])`` over requests that are not skipped (``e`` bytes
+    per element), plus ``D * W`` weight elements. Checks the arguments as
+    ``conv_prefill`` does (same exceptions) and reads nothing but the index arrays.
+    """
+    cdef _Prefill c = _Prefill()
+    x = _input_array(x, "x")
+    weight = _native(weight)
+    cache_indices = _index_source(cache_indices, "cache_indices", c.keep)
+    query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
+    has_initial_state = _flag_source(has_initial_state, "has_initial_state")
+    _check_prefill(c, x, weight, None, None, conv_state, query_start_loc, cache_indices, has_initial_state,
+                   pad_slot_id, None)
+    c.ov = c.xv
+    _prefill_params(c, False, cache_indices is not None, False)
+    return gdn_prefill_bytes(&c.p)
