@@ -44,4 +44,3 @@ def _select_isa_from_env():
 
 _select_isa_from_env()
 
-from ._prefill_shim import conv_prefill  # noqa: E402  TEMP shim: dropped when conv_prefill lands
