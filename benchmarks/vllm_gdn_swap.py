@@ -9,10 +9,13 @@ with the CPU build of torch) and gdnconv on the path.
 Drives ``_cpu_gdn_attention_nonspec`` (vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py),
 the path vLLM's CPU backend takes for Qwen3-Next/Qwen3.5 GDN layers without speculative
 decoding, on a small bf16 layer: one prefill step of ``--batch`` prompts, then ``--steps``
-decode steps. Run once with vLLM's stock ``causal_conv1d_update_cpu`` and once with
-``gdnconv.vllm.causal_conv1d_update`` put in its place (the same call, the same keyword
-arguments), it compares the attention outputs and both caches (conv state bit for bit) and
-times the decode step of each (medians of interleaved repeats).
+decode steps. Run once with vLLM's stock convs and once with gdnconv's put in their place (the
+same calls, the same keyword arguments): ``gdnconv.vllm.causal_conv1d_update`` for
+``causal_conv1d_update_cpu`` (decode) and ``gdnconv.vllm.causal_conv1d_fn`` for the prefill conv
+(``causal_conv1d_torch``, vLLM's ``causal_conv1d_fn_cpu``, on CPUs without AVX512-BF16;
+``_causal_conv1d_fwd_cpu`` with its unpacked weight elsewhere). It compares the attention
+outputs and both caches (conv state bit for bit) and times the decode step of each (medians of
+interleaved repeats).
 """
 import argparse
 import statistics
@@ -64,16 +67,25 @@ def metadata(num_prefills, prompt_lens, num_decodes, slots):
 
 def run(swap, args, inputs):
     """The prefill step and the decode steps; returns (outputs, layer, decode seconds per step,
-    calls that reached gdnconv)."""
+    decode calls that reached gdnconv, prefill calls that reached gdnconv)."""
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as ga
-    stock = ga.causal_conv1d_update_cpu
-    calls = [0]
+    stock = (ga.causal_conv1d_update_cpu, ga.causal_conv1d_torch, ga._causal_conv1d_fwd_cpu)
+    calls, prefills = [0], [0]
 
     def counted(*a, **k):
         calls[0] += 1
         return gdnconv.vllm.causal_conv1d_update(*a, **k)
+
+    def prefill(*a, **k):
+        prefills[0] += 1
+        return gdnconv.vllm.causal_conv1d_fn(*a, **k)
+
+    def prefill_native(*, weight, silu_activation, is_weight_packed, **k):
+        # vLLM's C++ op takes weights packed at load; this Layer keeps conv1d.weight unpacked
+        return prefill(weight=weight.reshape(weight.shape[0], -1), activation=silu_activation, **k)
     if swap:
-        ga.causal_conv1d_update_cpu = counted
+        ga.causal_conv1d_update_cpu, ga.causal_conv1d_torch, ga._causal_conv1d_fwd_cpu = (
+            counted, prefill, prefill_native)
     try:
         layer = Layer(args.dim_heads, args.batch + 2, seed=0)
         slots = torch.arange(2, args.batch + 2, dtype=torch.int32)
@@ -88,9 +100,9 @@ def run(swap, args, inputs):
             if step:
                 times.append(time.perf_counter() - t0)
             outs.append(core)
-        return outs, layer, statistics.median(times), calls[0]
+        return outs, layer, statistics.median(times), calls[0], prefills[0]
     finally:
-        ga.causal_conv1d_update_cpu = stock
+        ga.causal_conv1d_update_cpu, ga.causal_conv1d_torch, ga._causal_conv1d_fwd_cpu = stock
 
 
 def make_inputs(args, dim, num_v_heads):
@@ -110,8 +122,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     probe = Layer(args.dim_heads, 1, 0)
     inputs = make_inputs(args, probe.dim, probe.num_v_heads)
-    stock_out, stock_layer, _, _ = run(False, args, inputs)
-    fast_out, fast_layer, _, calls = run(True, args, inputs)
+    stock_out, stock_layer, _, _, _ = run(False, args, inputs)
+    fast_out, fast_layer, _, calls, prefills = run(True, args, inputs)
     conv_same = torch.equal(stock_layer.kv_cache[0].view(torch.int16), fast_layer.kv_cache[0].view(torch.int16))
     out_diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(stock_out, fast_out))
     ssm_diff = (stock_layer.kv_cache[1] - fast_layer.kv_cache[1]).abs().max().item()
@@ -122,11 +134,11 @@ def main(argv=None):
     t_stock, t_fast = statistics.median(times[False]), statistics.median(times[True])
     print(f"vLLM _cpu_gdn_attention_nonspec, bf16, conv dim {probe.dim}, batch {args.batch}, prompt "
           f"{args.prompt_len}, {args.steps} decode steps")
-    print(f"decode conv calls through gdnconv: {calls} of {args.steps}")
+    print(f"decode conv calls through gdnconv: {calls} of {args.steps}; prefill conv calls: {prefills} of 1")
     print(f"conv state identical: {conv_same}; attention output max |diff| {out_diff:.3g}; "
           f"ssm state max |diff| {ssm_diff:.3g}")
     print(f"decode step (median of {args.repeats} runs): stock {1e6 * t_stock:.0f} us, gdnconv {1e6 * t_fast:.0f} us")
-    return 0 if conv_same and calls == args.steps else 1
+    return 0 if conv_same and calls == args.steps and prefills == 1 else 1
 
 
 if __name__ == "__main__":

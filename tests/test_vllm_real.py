@@ -22,15 +22,15 @@ def swap():
     return module
 
 
-def test_vllm_gdn_decode_with_gdnconv_swapped_in(swap):
+def test_vllm_gdn_prefill_and_decode_with_gdnconv_swapped_in(swap):
     import torch
 
     args = swap.argparse.Namespace(batch=3, dim_heads=1, prompt_len=5, steps=4, repeats=1)
     probe = swap.Layer(args.dim_heads, 1, 0)
     inputs = swap.make_inputs(args, probe.dim, probe.num_v_heads)
-    stock_out, stock_layer, _, _ = swap.run(False, args, inputs)
-    fast_out, fast_layer, _, calls = swap.run(True, args, inputs)
-    assert calls == args.steps
+    stock_out, stock_layer, _, _, _ = swap.run(False, args, inputs)
+    fast_out, fast_layer, _, calls, prefills = swap.run(True, args, inputs)
+    assert calls == args.steps and prefills == 1
     assert torch.equal(stock_layer.kv_cache[0].view(torch.int16), fast_layer.kv_cache[0].view(torch.int16))
     for a, b in zip(stock_out, fast_out):
         torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2)
