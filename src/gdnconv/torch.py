@@ -17,8 +17,6 @@ Design:
 """
 import torch
 
-import gdnconv as _g
-
 from . import _core
 
 __all__ = ["conv_prefill", "conv_update_multi"]
@@ -64,7 +62,7 @@ def _op_out(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_s
 
 def _prefill(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
              pad_slot_id, num_threads):
-    out = _g.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
+    out = _core.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
                           query_start_loc=query_start_loc, cache_indices=cache_indices,
                           has_initial_state=has_initial_state, pad_slot_id=pad_slot_id, num_threads=num_threads)
     return out if out.is_contiguous() else out.contiguous()
@@ -72,7 +70,7 @@ def _prefill(x, weight, bias, activation, conv_state, query_start_loc, cache_ind
 
 def _prefill_out(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
                  pad_slot_id, num_threads, out):
-    _g.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
+    _core.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
                     query_start_loc=query_start_loc, cache_indices=cache_indices,
                     has_initial_state=has_initial_state, pad_slot_id=pad_slot_id, num_threads=num_threads,
                     out=out)

@@ -127,22 +127,21 @@ def _update_run(hidden_states, conv_state, weight, bias=None, activation=None):
     return _update(hidden_states, conv_state, weight, bias, activation)
 
 
+def _fn_routable(hidden_states, weight, bias=None, activation=None, **kwargs):
+    # packed sequences (cu_seqlens / seq_idx) go to the original; other kwargs it ignores too
+    if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
+        return False
+    return _routable(hidden_states, None, weight, bias, activation)
+
+
+def _fn_run(hidden_states, weight, bias=None, activation=None, **kwargs):
+    # transformers' causal_conv1d_fn: the conv of (B, D, T) tokens from a zero history
+    out = _g.conv_prefill(hidden_states.transpose(1, 2), weight, bias, activation=activation)
+    return out.transpose(1, 2)
+
+
 # op name in the modeling modules -> (routable, run); both take the original's arguments
-_ROUTES = {"causal_conv1d_update": (_update_routable, _update_run)}
-
-if hasattr(_g, "conv_prefill"):
-    def _fn_routable(hidden_states, weight, bias=None, activation=None, **kwargs):
-        # packed sequences (cu_seqlens / seq_idx) go to the original; other kwargs it ignores too
-        if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
-            return False
-        return _routable(hidden_states, None, weight, bias, activation)
-
-    def _fn_run(hidden_states, weight, bias=None, activation=None, **kwargs):
-        # transformers' causal_conv1d_fn: the conv of (B, D, T) tokens from a zero history
-        out = _g.conv_prefill(hidden_states.transpose(1, 2), weight, bias, activation=activation)
-        return out.transpose(1, 2)
-
-    _ROUTES["causal_conv1d_fn"] = (_fn_routable, _fn_run)
+_ROUTES = {"causal_conv1d_update": (_update_routable, _update_run), "causal_conv1d_fn": (_fn_routable, _fn_run)}
 
 
 def patch(architectures=None):

@@ -22,7 +22,7 @@ import torch
 
 import gdnconv as _g
 
-__all__ = ["causal_conv1d_update", "NULL_BLOCK_ID", "PAD_SLOT_ID"]
+__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "NULL_BLOCK_ID", "PAD_SLOT_ID"]
 
 # vllm.v1.attention.backends.utils
 PAD_SLOT_ID = -1
@@ -146,70 +146,67 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     return x if out is None else out
 
 
-if hasattr(_g, "conv_prefill"):
-    __all__.append("causal_conv1d_fn")
+def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
+                     has_initial_state=None, activation="silu", pad_slot_id=PAD_SLOT_ID,
+                     null_block_id=NULL_BLOCK_ID, block_idx_first_scheduled_token=None,
+                     block_idx_last_scheduled_token=None, initial_state_idx=None,
+                     num_computed_tokens=None, block_size_to_align=0, metadata=None,
+                     validate_data=False):
+    """vLLM's ``causal_conv1d_fn`` (prefill), same arguments, computed by ``gdnconv.conv_prefill``.
 
-    def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
-                         has_initial_state=None, activation="silu", pad_slot_id=PAD_SLOT_ID,
-                         null_block_id=NULL_BLOCK_ID, block_idx_first_scheduled_token=None,
-                         block_idx_last_scheduled_token=None, initial_state_idx=None,
-                         num_computed_tokens=None, block_size_to_align=0, metadata=None,
-                         validate_data=False):
-        """vLLM's ``causal_conv1d_fn`` (prefill), same arguments, computed by ``gdnconv.conv_prefill``.
+    Args (vLLM's names, order and defaults):
+        x: ``(dim, num_tokens)``, the requests' tokens end to end. vLLM passes the transpose
+            of its ``(num_tokens, dim)`` hidden states (channel stride 1: gdnconv's fast
+            layout); any strides work. Computed in ``conv_states``' dtype, as vLLM does.
+        weight: ``(dim, width)``, ``2 <= width <= 8``; bias: ``(dim,)`` or None.
+        conv_states: ``(num_cache_lines, dim, state_len)``, ``state_len >= width - 1``,
+            updated in place (vLLM's "SD" cache passed as ``.transpose(-1, -2)`` is the fast
+            layout); None: a convolution from zero history that writes no state.
+        query_start_loc: ``(batch + 1,)`` offsets of each request's tokens (required).
+        cache_indices: ``(batch,)`` slot per request (or ``(batch, k)``, of which column 0 is
+            used, as vLLM's kernel does without prefix caching); None: request ``i`` uses
+            slot ``i``.
+        has_initial_state: ``(batch,)`` bool: start from rows ``0..width-2`` of the slot; else
+            from zero history (the slot is not read). None: no request has one.
+        activation: None, "silu", "swish", or a bool (True = silu).
+        pad_slot_id: requests whose slot is this are skipped (vLLM's CPU variant).
+        null_block_id: requests whose slot is this are skipped too (vLLM's kernel: block 0 is
+            the null block); None: no such marker.
+        block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx,
+        num_computed_tokens: prefix caching; must be None. block_size_to_align: must be 0.
+        metadata: vLLM's precomputed launch sizes; not needed, ignored.
+        validate_data: accepted; gdnconv always validates.
 
-        Args (vLLM's names, order and defaults):
-            x: ``(dim, num_tokens)``, the requests' tokens end to end. vLLM passes the transpose
-                of its ``(num_tokens, dim)`` hidden states (channel stride 1: gdnconv's fast
-                layout); any strides work. Computed in ``conv_states``' dtype, as vLLM does.
-            weight: ``(dim, width)``, ``2 <= width <= 8``; bias: ``(dim,)`` or None.
-            conv_states: ``(num_cache_lines, dim, state_len)``, ``state_len >= width - 1``,
-                updated in place (vLLM's "SD" cache passed as ``.transpose(-1, -2)`` is the fast
-                layout); None: a convolution from zero history that writes no state.
-            query_start_loc: ``(batch + 1,)`` offsets of each request's tokens (required).
-            cache_indices: ``(batch,)`` slot per request (or ``(batch, k)``, of which column 0 is
-                used, as vLLM's kernel does without prefix caching); None: request ``i`` uses
-                slot ``i``.
-            has_initial_state: ``(batch,)`` bool: start from rows ``0..width-2`` of the slot; else
-                from zero history (the slot is not read). None: no request has one.
-            activation: None, "silu", "swish", or a bool (True = silu).
-            pad_slot_id: requests whose slot is this are skipped (vLLM's CPU variant).
-            null_block_id: requests whose slot is this are skipped too (vLLM's kernel: block 0 is
-                the null block); None: no such marker.
-            block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx,
-            num_computed_tokens: prefix caching; must be None. block_size_to_align: must be 0.
-            metadata: vLLM's precomputed launch sizes; not needed, ignored.
-            validate_data: accepted; gdnconv always validates.
+    Afterwards rows ``0..width-2`` of each live slot hold the last ``width - 1`` inputs of
+    its request (history included), as vLLM leaves them; skipped requests read and write
+    nothing. Returns a new ``(dim, num_tokens)`` tensor in ``x``'s dtype (a transposed view
+    of ``(num_tokens, dim)`` memory, vLLM's channel-last layout); rows of skipped requests
+    are zeros.
 
-        Afterwards rows ``0..width-2`` of each live slot hold the last ``width - 1`` inputs of
-        its request (history included), as vLLM leaves them; skipped requests read and write
-        nothing. Returns a new ``(dim, num_tokens)`` tensor in ``x``'s dtype (a transposed view
-        of ``(num_tokens, dim)`` memory, vLLM's channel-last layout); rows of skipped requests
-        are zeros.
-
-        Raises ValueError/TypeError naming the argument for anything gdnconv refuses (the
-        errors of ``gdnconv.conv_prefill``, the prefix-caching arguments); nothing is written then.
-        """
-        _refuse(block_idx_first_scheduled_token=block_idx_first_scheduled_token,
-                block_idx_last_scheduled_token=block_idx_last_scheduled_token,
-                initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens)
-        if block_size_to_align not in (0, None):
-            raise ValueError(f"block_size_to_align = {block_size_to_align!r} (prefix caching) is not "
-                             f"supported by gdnconv; pass 0")
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise ValueError(f"x must be a (dim, num_tokens) tensor, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        if query_start_loc is None:
-            raise ValueError("query_start_loc is required: the (batch + 1,) offsets of the requests' tokens "
-                             "in x, as in vLLM")
-        state = None if conv_states is None else _state_view(conv_states, "conv_states")
-        if isinstance(cache_indices, torch.Tensor) and cache_indices.dim() == 2:
-            cache_indices = cache_indices[:, 0]
-        if (null_block_id is not None and null_block_id != pad_slot_id and isinstance(cache_indices, torch.Tensor)
-                and not cache_indices.is_floating_point()):   # one marker for both (gdnconv checks the rest)
-            cache_indices = cache_indices.masked_fill(cache_indices == null_block_id, pad_slot_id)
-        dtype = x.dtype if state is None else state.dtype
-        weight, bias = _widen(weight, dtype), _widen(bias, dtype)
-        out = _g.conv_prefill(x.T.to(dtype), weight, bias, activation=_activation(activation),
-                              conv_state=state, query_start_loc=query_start_loc, cache_indices=cache_indices,
-                              has_initial_state=has_initial_state, pad_slot_id=pad_slot_id)
-        return out.T.to(x.dtype)
+    Raises ValueError/TypeError naming the argument for anything gdnconv refuses (the
+    errors of ``gdnconv.conv_prefill``, the prefix-caching arguments); nothing is written then.
+    """
+    _refuse(block_idx_first_scheduled_token=block_idx_first_scheduled_token,
+            block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+            initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens)
+    if block_size_to_align not in (0, None):
+        raise ValueError(f"block_size_to_align = {block_size_to_align!r} (prefix caching) is not "
+                         f"supported by gdnconv; pass 0")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a (dim, num_tokens) tensor, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if query_start_loc is None:
+        raise ValueError("query_start_loc is required: the (batch + 1,) offsets of the requests' tokens "
+                         "in x, as in vLLM")
+    state = None if conv_states is None else _state_view(conv_states, "conv_states")
+    if isinstance(cache_indices, torch.Tensor) and cache_indices.dim() == 2:
+        cache_indices = cache_indices[:, 0]
+    if (null_block_id is not None and null_block_id != pad_slot_id and isinstance(cache_indices, torch.Tensor)
+            and not cache_indices.is_floating_point()):   # one marker for both (gdnconv checks the rest)
+        cache_indices = cache_indices.masked_fill(cache_indices == null_block_id, pad_slot_id)
+    dtype = x.dtype if state is None else state.dtype
+    weight, bias = _widen(weight, dtype), _widen(bias, dtype)
+    out = _g.conv_prefill(x.T.to(dtype), weight, bias, activation=_activation(activation),
+                          conv_state=state, query_start_loc=query_start_loc, cache_indices=cache_indices,
+                          has_initial_state=has_initial_state, pad_slot_id=pad_slot_id)
+    return out.T.to(x.dtype)
