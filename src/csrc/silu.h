@@ -14,6 +14,11 @@
 #define GDN_LN2_HI 0.693359375f
 #define GDN_LN2_LO -2.12194440e-4f
 #define GDN_EXP_ARG_MIN -150.0f
+/* For y < 0, silu = y e / (1 + e) is formed as (y eh / (1 + e)) 2^-64 with eh = e 2^64:
+ * the only rounding into the subnormal range is the last one, so results below 2^-126
+ * keep their precision. At the clamp (m = -216) eh = 2^-152 q rounds to 0, so a finite y
+ * gives -0 and y = -inf gives -inf * 0 = NaN like the reference. Where nothing is
+ * subnormal the bits are those of y (e / (1 + e)). */
 #define GDN_EXP_DEG5 0.008297654800117016f, 0.04191538318991661f, 0.16667574644088745f, \
                      0.49998894333839417f, 0.9999997019767761f, 1.0000001192092896f
 /* 16-bit outputs: 2^r on r in [0, 1), near-minimax in relative error: degree 3
@@ -24,6 +29,16 @@
  * from the exponent bits), m^3 (or m^2) first. */
 #define GDN_EXP2_DEG3_M 0.07802450656890869f, -0.008006353862583637f, 0.4777727425098419f, 0.45213431119918823f
 #define GDN_EXP2_DEG2_M 0.337189257144928f, -0.016742324456572533f, 0.6812779307365417f
+
+/* bf16 outputs: the sigmoid's denominator 1 + 2^t is formed scaled by 2^-16 (and y
+ * with it, which is exact for |y| >= 2^-110), so it stays finite up to t = 144
+ * (y ~ -99.8) instead of overflowing at t = 128 (y ~ -88.7): results of y in about
+ * [-97.4, -88.7), normal or subnormal bf16 down to 2^-133, come out instead of -0.
+ * Below that the exact result rounds to -0. Where nothing underflows the scaling
+ * gives the same bits as the unscaled formula. fp16 results underflow long before
+ * (y < -20), so fp16 keeps the unscaled formula. */
+#define GDN_BF16_DEN_SCALE 0x1p-16f
+#define GDN_BF16_DEN_SHIFT 16
 
 /* Sign bit set (-0, -inf, and a NaN with the sign bit) -> +0; a NaN without it
  * passes. */
@@ -58,13 +73,18 @@ GDN_INLINE float gdn_silu(float y, const int dt) {
         static const float c3[] = {GDN_EXP2_DEG3_M}, c2[] = {GDN_EXP2_DEG2_M};
         const float *c = dt == GDN_BF16 ? c2 : c3;
         const int deg = dt == GDN_BF16 ? 2 : 3;
-        const float b = gdn_clamp0(y * (GDN_LOG2E * 8388608.0f) + 1073741824.0f);
-        const uint32_t bits = (uint32_t)(int32_t)gdn_clamp0(2139095040.0f - b);
+        const float s = dt == GDN_BF16 ? GDN_BF16_DEN_SCALE : 1.0f;
+        const float k23 = dt == GDN_BF16 ? (float)(GDN_BF16_DEN_SHIFT << 23) : 0.0f;
+        float b = y * (GDN_LOG2E * 8388608.0f) + 1073741824.0f;
+        if (dt != GDN_BF16) b = gdn_clamp0(b);
+        float a = (2139095040.0f - b) - k23;
+        if (dt == GDN_BF16) a = a < 2139095040.0f ? a : 2139095040.0f;
+        const uint32_t bits = (uint32_t)(int32_t)gdn_clamp0(a);
         const uint32_t mant = bits & 0x007fffffu;
         const float m = gdn_u2f(mant | 0x3f800000u);
         float q = c[0] * m + c[1];
         for (int k = 2; k <= deg; k++) q = q * m + c[k];
-        return y / (1.0f + gdn_u2f(bits ^ mant) * q);
+        return (y * s) / (s + gdn_u2f(bits ^ mant) * q);
     }
     static const float c5[] = {GDN_EXP_DEG5};
     float a = -fabsf(y);
@@ -75,8 +95,10 @@ GDN_INLINE float gdn_silu(float y, const int dt) {
     float q = c5[0] * r + c5[1];
     for (int k = 2; k < 6; k++) q = q * r + c5[k];
     const int32_t mi = (int32_t)m, m1 = mi / 2, m2 = mi - m1;      /* -217..0: halves >= -109 */
-    const float e = q * gdn_u2f((uint32_t)(m1 + 127) << 23) * gdn_u2f((uint32_t)(m2 + 127) << 23);
-    return y * ((y >= 0.0f ? 1.0f : e) / (1.0f + e));
+    const float eh = q * gdn_u2f((uint32_t)(m1 + 127 + 32) << 23) * gdn_u2f((uint32_t)(m2 + 127 + 32) << 23);
+    /* the 2^-64 from the sign bit, not a second select (GCC then divides twice) */
+    const float sc = gdn_u2f(0x3f800000u - ((gdn_f2u(y) >> 31) << 29));
+    return y * ((y >= 0.0f ? 1.0f : eh) / (1.0f + eh * 0x1p-64f)) * sc;
 }
 
 #endif

@@ -127,14 +127,19 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         static const float p3[] = {GDN_EXP2_DEG3}, p2[] = {GDN_EXP2_DEG2};
         const float *c = dt == GDN_F16 ? p3 : p2;   /* bf16: degree 2 */
         const int deg = dt == GDN_F16 ? 3 : 2;
+        const float s = dt == GDN_F16 ? 1.0f : GDN_BF16_DEN_SCALE;   /* bf16: (1 + 2^t) s, y s */
 #pragma GCC unroll 4
-        EACH q[i] = _mm512_set1_ps(c[0]);
+        EACH q[i] = _mm512_set1_ps(c[0] * s);
 #pragma GCC unroll 3
         for (int k = 1; k <= deg; k++)
 #pragma GCC unroll 4
-            EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(c[k]));
+            EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(c[k] * s));
 #pragma GCC unroll 4
-        EACH d[i] = _mm512_rcp14_ps(_mm512_add_ps(_mm512_scalef_ps(q[i], m[i]), one));
+        EACH d[i] = _mm512_rcp14_ps(_mm512_add_ps(_mm512_scalef_ps(q[i], m[i]), _mm512_set1_ps(s)));
+        if (dt != GDN_F16) {
+#pragma GCC unroll 4
+            EACH y[i] = _mm512_mul_ps(y[i], _mm512_set1_ps(s));
+        }
 #pragma GCC unroll 4
         EACH y[i] = _mm512_mul_ps(y[i], d[i]);
         return;
@@ -158,14 +163,19 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 #pragma GCC unroll 4
         EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(c5[k]));
 #pragma GCC unroll 4
-    EACH e[i] = _mm512_scalef_ps(q[i], m[i]);
+    EACH e[i] = _mm512_scalef_ps(q[i], _mm512_add_ps(m[i], _mm512_set1_ps(64.0f)));   /* eh = e 2^64 */
 #pragma GCC unroll 4
-    EACH d[i] = _mm512_rcp14_ps(_mm512_add_ps(e[i], one));
+    EACH a[i] = _mm512_fmadd_ps(e[i], _mm512_set1_ps(0x1p-64f), one);                 /* 1 + e */
 #pragma GCC unroll 4
-    EACH d[i] = _mm512_fmadd_ps(d[i], _mm512_fnmadd_ps(_mm512_add_ps(e[i], one), d[i], one), d[i]);
+    EACH d[i] = _mm512_rcp14_ps(a[i]);
 #pragma GCC unroll 4
-    EACH y[i] = _mm512_mul_ps(y[i], _mm512_mask_mul_ps(d[i], _mm512_cmp_ps_mask(y[i], _mm512_setzero_ps(), _CMP_LT_OQ),
-                                                       d[i], e[i]));
+    EACH d[i] = _mm512_fmadd_ps(d[i], _mm512_fnmadd_ps(a[i], d[i], one), d[i]);
+#pragma GCC unroll 4
+    EACH {   /* y < 0: (y d eh) 2^-64, rounded into the subnormals once (silu.h) */
+        const __mmask16 neg = _mm512_cmp_ps_mask(y[i], _mm512_setzero_ps(), _CMP_LT_OQ);
+        y[i] = _mm512_mul_ps(y[i], _mm512_mask_mul_ps(d[i], neg, d[i], e[i]));
+        y[i] = _mm512_mask_mul_ps(y[i], neg, y[i], _mm512_set1_ps(0x1p-64f));
+    }
 }
 #undef EACH
 
