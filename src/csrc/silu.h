@@ -48,26 +48,28 @@ static inline float gdn_clamp0(float a) {
 }
 
 /* silu(y) = y * sigmoid(y) for an output of dtype dt (a constant). NaN
- * propagates through y.
- *   16-bit outputs: arithmetic and bit operations only (selects here made GCC
- *     move them to the result and compute the division twice), so the loop
- *     vectorises to ~18 SSE2 operations per 4 outputs. y / (1 + 2^t), t = -y
- *     log2 e. b = (128 - t) 2^23 and a = (t + 127) 2^23 are clamped at 0 by
- *     their sign bits, so for every finite or infinite y the int32 of a is in
- *     [0, 255 << 23]: floor(t) + 127 in its exponent field, frac(t) in its
- *     mantissa. 2^t = 2^floor(t) q(m), m = 1 + frac(t), spans [0, inf]: t < -126
- *     gives 0 (y / 1), t >= 128 gives inf (y / inf = -0, and -inf / inf = NaN
- *     like the reference's -inf * 0). A NaN y with its sign bit clear reaches
- *     the conversion as NaN: Annex F (IEC 60559) makes that an unspecified
- *     value, and whatever it is y / (...) is NaN; masking the NaN first measured
- *     7% slower on the whole portable kernel. q is GDN_EXP2_DEG2_M (bf16, whose
- *     ulp is >= 2^-8 relative) or GDN_EXP2_DEG3_M (fp16, ulp >= 2^-11), so the
- *     result stays within one ulp. For y in about (-97, -88.7) the true |silu|
- *     (up to 2.6e-37) is a bf16 normal or subnormal and the result is -0: that is
- *     inside the fp32 accumulation noise of such a y (8 * 2^-24 * |y|).
+ * propagates through y. Every path is within one ulp of the correctly rounded
+ * result for 16-bit outputs, every input included (tests/test_silu.py).
+ *   16-bit outputs: arithmetic and bit operations only, so the loop vectorises to
+ *     ~20 SSE2 operations per 4 outputs (each select here risks GCC moving it to
+ *     the result and dividing twice: the bf16 one does move to the denominator,
+ *     which still divides once). y / (1 + 2^t), t = -y log2 e. b = (128 - t) 2^23
+ *     (fp16: clamped at 0 by its sign bit) and a = (t + 127 - k) 2^23 (clamped at
+ *     0 by its sign bit, bf16 also at 255 << 23), k = 0 for fp16 and
+ *     GDN_BF16_DEN_SHIFT for bf16, so for every finite or infinite y the int32 of a
+ *     is in [0, 255 << 23]: floor(t) + 127 - k in its exponent field, frac(t) in
+ *     its mantissa. 2^(t-k) = 2^(floor(t)-k) q(m), m = 1 + frac(t), spans [0, inf]:
+ *     t < k - 126 gives 0 (y / 1), t >= 128 + k gives inf (y / inf = -0, and -inf /
+ *     inf = NaN like the reference's -inf * 0). bf16 divides y 2^-k by 2^-k + 2^(t-k)
+ *     (GDN_BF16_DEN_SCALE above), so results down to bf16's smallest subnormal
+ *     come out. A NaN y with its sign bit clear reaches the conversion as NaN:
+ *     Annex F (IEC 60559) makes that an unspecified value, and whatever it is
+ *     y / (...) is NaN; masking the NaN first measured 7% slower on the whole
+ *     portable kernel. q is GDN_EXP2_DEG2_M (bf16, whose ulp is >= 2^-8 relative)
+ *     or GDN_EXP2_DEG3_M (fp16, ulp >= 2^-11).
  *   fp32 outputs: e = exp(-|y|) in (0, 1] as above, y / (1 + e) for y >= 0 and
- *     y e / (1 + e) below, 2^m applied in two normal halves so subnormal results
- *     are right. */
+ *     (y eh / (1 + e)) 2^-64 below, eh = e 2^64 from 2^(m+64) in two normal halves,
+ *     so subnormal results are rounded once (see GDN_EXP_DEG5); within 5 ulp. */
 GDN_INLINE float gdn_silu(float y, const int dt) {
     if (dt != GDN_F32) {
         static const float c3[] = {GDN_EXP2_DEG3_M}, c2[] = {GDN_EXP2_DEG2_M};

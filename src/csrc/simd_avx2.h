@@ -67,12 +67,14 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
  *   inf: y = -inf then gives -inf * 0 = NaN like the reference), p of degree 3
  *   on [0, 1) (7.5e-5), then y * rcp (2^-12) for bf16 outputs, 15 operations,
  *   or a division for fp16 (a Newton step after rcp would turn 2^t = inf into
- *   NaN). rcp flushes results below 2^-126 to 0, so bf16 outputs for y < ~-87.3
- *   are -0, inside the fp32 accumulation noise of such a y (as the AVX-512 and
- *   portable kernels).
+ *   NaN). bf16 scales 1 + 2^t and y by 2^-16 (silu.h's GDN_BF16_DEN_SCALE, t clamped
+ *   to [-111, 144] instead of [-127, 128]), so neither 2^t nor the rcp (which
+ *   flushes results below 2^-126 to 0) cuts off results of y down to ~-97.4:
+ *   within one ulp for every input, as the AVX-512 and portable kernels.
  * fp32 outputs: as simd_avx512.h's fp32 path (clamp, two-constant reduction);
- *   2^m is applied in two halves so that subnormal results come out right
- *   without scalef, and rcp gets a Newton step. */
+ *   eh = e 2^64 is made from 2^(m+64) in two normal halves without scalef, y < 0
+ *   gives (y d eh) 2^-64 so subnormal results are rounded once (silu.h), and rcp
+ *   gets a Newton step. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     V a[4], m[4], r[4], q[4], e[4], d[4];

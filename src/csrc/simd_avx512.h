@@ -106,15 +106,20 @@ GDN_INLINE void taps16(const char *src, const int wdt, const int W, V *t) {
  * independent chains interleave. exp: 2^m * q(r), r in [-ln2/2, ln2/2], q a
  * near-minimax polynomial; scalef makes subnormals, zero and inf correctly.
  * fp32 outputs: e = exp(-|y|) in (0, 1], sigmoid = 1/(1+e) or e/(1+e) by sign,
- *   degree 5 (rel. error 2e-7), two-constant reduction, rcp14 + a Newton step.
+ *   degree 5 (rel. error 2e-7), two-constant reduction, rcp14 + a Newton step;
+ *   y < 0 gives (y d eh) 2^-64 with eh = e 2^64, so a subnormal result is rounded
+ *   once (silu.h); within 5 ulp.
  * 16-bit outputs (ulp >= 2^-8 relative bf16, 2^-11 fp16): sigmoid = 1/(1 + 2^t),
  *   t = -y log2 e; 2^t = 2^floor(t) p(t - floor(t)) with vreduceps giving the
  *   fraction and scalef applying floor(t); p on [0, 1) of degree 2 (1.7e-3) for
- *   bf16, 3 (7.5e-5) for fp16, rcp14 (6e-5): 8 or 9 operations, within one ulp
- *   (as the portable gdn_silu). No clamp is needed: for |t| >= 2^23 the fraction is 0,
- *   scalef saturates to 0 or inf (inf: reduce gives 0, scalef gives 0 or inf), so
- *   y = inf gives inf, y = -inf gives -inf * 0 = NaN like the reference, NaN stays
- *   NaN. */
+ *   bf16, 3 (7.5e-5) for fp16, rcp14 (6e-5): 8 or 9 operations, within one ulp for
+ *   every input (as the portable gdn_silu). bf16 scales p (its coefficients), the
+ *   1 and y by 2^-16 (silu.h's GDN_BF16_DEN_SCALE, one more multiply), so 2^t does
+ *   not overflow before t = 144 and results of y down to ~-97.4 come out instead
+ *   of -0; rcp14 rounds subnormal results correctly. No clamp is needed: for
+ *   |t| >= 2^23 the fraction is 0, scalef saturates to 0 or inf (inf: reduce
+ *   gives 0, scalef gives 0 or inf), so y = inf gives inf, y = -inf gives
+ *   -inf * 0 = NaN like the reference, NaN stays NaN. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     V a[4], m[4], r[4], q[4], e[4], d[4];
