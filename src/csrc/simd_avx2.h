@@ -144,8 +144,9 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 #pragma GCC unroll 4
     EACH {   /* y < 0: (y d eh) 2^-64, rounded into the subnormals once */
         const V neg = _mm256_cmp_ps(y[i], _mm256_setzero_ps(), _CMP_LT_OQ);
-        y[i] = _mm256_mul_ps(_mm256_mul_ps(y[i], _mm256_blendv_ps(d[i], _mm256_mul_ps(d[i], e[i]), neg)),
-                             _mm256_blendv_ps(one, _mm256_set1_ps(0x1p-64f), neg));
+        const V sc = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_set1_epi32(0x3f800000),   /* 1 or 2^-64 */
+            _mm256_and_si256(_mm256_castps_si256(neg), _mm256_set1_epi32(0x20000000))));
+        y[i] = _mm256_mul_ps(_mm256_mul_ps(y[i], _mm256_blendv_ps(d[i], _mm256_mul_ps(d[i], e[i]), neg)), sc);
     }
 }
 #undef EACH
