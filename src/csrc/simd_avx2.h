@@ -67,21 +67,25 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
  *   inf: y = -inf then gives -inf * 0 = NaN like the reference), p of degree 3
  *   on [0, 1) (7.5e-5), then y * rcp (2^-12) for bf16 outputs, 15 operations,
  *   or a division for fp16 (a Newton step after rcp would turn 2^t = inf into
- *   NaN). rcp flushes results below 2^-126 to 0, so bf16 outputs for y < ~-87.3
- *   are -0, inside the fp32 accumulation noise of such a y (as the AVX-512 and
- *   portable kernels).
+ *   NaN). bf16 scales 1 + 2^t and y by 2^-16 (silu.h's GDN_BF16_DEN_SCALE, t clamped
+ *   to [-111, 144] instead of [-127, 128]), so neither 2^t nor the rcp (which
+ *   flushes results below 2^-126 to 0) cuts off results of y down to ~-97.4:
+ *   within one ulp for every input, as the AVX-512 and portable kernels.
  * fp32 outputs: as simd_avx512.h's fp32 path (clamp, two-constant reduction);
- *   2^m is applied in two halves so that subnormal results come out right
- *   without scalef, and rcp gets a Newton step. */
+ *   eh = e 2^64 is made from 2^(m+64) in two normal halves without scalef, y < 0
+ *   gives (y d eh) 2^-64 so subnormal results are rounded once (silu.h), and rcp
+ *   gets a Newton step. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     V a[4], m[4], r[4], q[4], e[4], d[4];
     const V one = _mm256_set1_ps(1.0f);
-    const __m256i bias = _mm256_set1_epi32(127);
     if (dt != GDN_F32) {
+        /* bf16: 1 + 2^t and y scaled by s = 2^-16 (silu.h), t in [-111, 144] */
+        const int k = dt == GDN_F16 ? 0 : GDN_BF16_DEN_SHIFT;
+        const float s = dt == GDN_F16 ? 1.0f : GDN_BF16_DEN_SCALE;
 #pragma GCC unroll 4
         EACH m[i] = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(y[i], _mm256_set1_ps(-GDN_LOG2E)),
-                                                _mm256_set1_ps(-127.0f)), _mm256_set1_ps(128.0f));
+                                                _mm256_set1_ps(-127.0f + k)), _mm256_set1_ps(128.0f + k));
 #pragma GCC unroll 4
         EACH a[i] = _mm256_floor_ps(m[i]);
 #pragma GCC unroll 4
@@ -90,18 +94,18 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 #pragma GCC unroll 4
         EACH q[i] = _mm256_set1_ps(c[0]);
 #pragma GCC unroll 3
-        for (int k = 1; k <= 3; k++)
+        for (int j = 1; j <= 3; j++)
 #pragma GCC unroll 4
-            EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(c[k]));
+            EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(c[j]));
 #pragma GCC unroll 4
-        EACH e[i] = _mm256_add_ps(one, _mm256_mul_ps(q[i], _mm256_castsi256_ps(_mm256_slli_epi32(
-                        _mm256_add_epi32(_mm256_cvttps_epi32(a[i]), bias), 23))));
+        EACH e[i] = _mm256_add_ps(_mm256_set1_ps(s), _mm256_mul_ps(q[i], _mm256_castsi256_ps(_mm256_slli_epi32(
+                        _mm256_add_epi32(_mm256_cvttps_epi32(a[i]), _mm256_set1_epi32(127 - k)), 23))));
         if (dt == GDN_F16) {  /* y / (1 + 2^t): 2^t = inf gives -0 (a Newton step would give NaN) */
 #pragma GCC unroll 4
             EACH y[i] = _mm256_div_ps(y[i], e[i]);
         } else {
 #pragma GCC unroll 4
-            EACH y[i] = _mm256_mul_ps(y[i], _mm256_rcp_ps(e[i]));
+            EACH y[i] = _mm256_mul_ps(_mm256_mul_ps(y[i], _mm256_set1_ps(s)), _mm256_rcp_ps(e[i]));
         }
         return;
     }
@@ -126,17 +130,24 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     EACH {
         const __m256i mi = _mm256_cvtps_epi32(m[i]);             /* -217..0 */
         const __m256i m1 = _mm256_srai_epi32(mi, 1), m2 = _mm256_sub_epi32(mi, m1);
-        const V s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(m1, bias), 23));
-        const V s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(m2, bias), 23));
+        const __m256i bh = _mm256_set1_epi32(127 + 32);             /* eh = e 2^64 (silu.h) */
+        const V s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(m1, bh), 23));
+        const V s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(m2, bh), 23));
         e[i] = _mm256_mul_ps(_mm256_mul_ps(q[i], s1), s2);
     }
 #pragma GCC unroll 4
-    EACH d[i] = _mm256_rcp_ps(_mm256_add_ps(e[i], one));
+    EACH a[i] = _mm256_fmadd_ps(e[i], _mm256_set1_ps(0x1p-64f), one);                 /* 1 + e */
 #pragma GCC unroll 4
-    EACH d[i] = _mm256_fmadd_ps(d[i], _mm256_fnmadd_ps(_mm256_add_ps(e[i], one), d[i], one), d[i]);
+    EACH d[i] = _mm256_rcp_ps(a[i]);
 #pragma GCC unroll 4
-    EACH y[i] = _mm256_mul_ps(y[i], _mm256_blendv_ps(d[i], _mm256_mul_ps(d[i], e[i]),
-                                                     _mm256_cmp_ps(y[i], _mm256_setzero_ps(), _CMP_LT_OQ)));
+    EACH d[i] = _mm256_fmadd_ps(d[i], _mm256_fnmadd_ps(a[i], d[i], one), d[i]);
+#pragma GCC unroll 4
+    EACH {   /* y < 0: (y d eh) 2^-64, rounded into the subnormals once */
+        const V neg = _mm256_cmp_ps(y[i], _mm256_setzero_ps(), _CMP_LT_OQ);
+        const V sc = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_set1_epi32(0x3f800000),   /* 1 or 2^-64 */
+            _mm256_and_si256(_mm256_castps_si256(neg), _mm256_set1_epi32(0x20000000))));
+        y[i] = _mm256_mul_ps(_mm256_mul_ps(y[i], _mm256_blendv_ps(d[i], _mm256_mul_ps(d[i], e[i]), neg)), sc);
+    }
 }
 #undef EACH
 

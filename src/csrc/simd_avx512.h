@@ -106,15 +106,20 @@ GDN_INLINE void taps16(const char *src, const int wdt, const int W, V *t) {
  * independent chains interleave. exp: 2^m * q(r), r in [-ln2/2, ln2/2], q a
  * near-minimax polynomial; scalef makes subnormals, zero and inf correctly.
  * fp32 outputs: e = exp(-|y|) in (0, 1], sigmoid = 1/(1+e) or e/(1+e) by sign,
- *   degree 5 (rel. error 2e-7), two-constant reduction, rcp14 + a Newton step.
+ *   degree 5 (rel. error 2e-7), two-constant reduction, rcp14 + a Newton step;
+ *   y < 0 gives (y d eh) 2^-64 with eh = e 2^64, so a subnormal result is rounded
+ *   once (silu.h); within 5 ulp.
  * 16-bit outputs (ulp >= 2^-8 relative bf16, 2^-11 fp16): sigmoid = 1/(1 + 2^t),
  *   t = -y log2 e; 2^t = 2^floor(t) p(t - floor(t)) with vreduceps giving the
  *   fraction and scalef applying floor(t); p on [0, 1) of degree 2 (1.7e-3) for
- *   bf16, 3 (7.5e-5) for fp16, rcp14 (6e-5): 8 or 9 operations, within one ulp
- *   (as the portable gdn_silu). No clamp is needed: for |t| >= 2^23 the fraction is 0,
- *   scalef saturates to 0 or inf (inf: reduce gives 0, scalef gives 0 or inf), so
- *   y = inf gives inf, y = -inf gives -inf * 0 = NaN like the reference, NaN stays
- *   NaN. */
+ *   bf16, 3 (7.5e-5) for fp16, rcp14 (6e-5): 8 or 9 operations, within one ulp for
+ *   every input (as the portable gdn_silu). bf16 scales p (its coefficients), the
+ *   1 and y by 2^-16 (silu.h's GDN_BF16_DEN_SCALE, one more multiply), so 2^t does
+ *   not overflow before t = 144 and results of y down to ~-97.4 come out instead
+ *   of -0; rcp14 rounds subnormal results correctly. No clamp is needed: for
+ *   |t| >= 2^23 the fraction is 0, scalef saturates to 0 or inf (inf: reduce
+ *   gives 0, scalef gives 0 or inf), so y = inf gives inf, y = -inf gives
+ *   -inf * 0 = NaN like the reference, NaN stays NaN. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     V a[4], m[4], r[4], q[4], e[4], d[4];
@@ -127,14 +132,19 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         static const float p3[] = {GDN_EXP2_DEG3}, p2[] = {GDN_EXP2_DEG2};
         const float *c = dt == GDN_F16 ? p3 : p2;   /* bf16: degree 2 */
         const int deg = dt == GDN_F16 ? 3 : 2;
+        const float s = dt == GDN_F16 ? 1.0f : GDN_BF16_DEN_SCALE;   /* bf16: (1 + 2^t) s, y s */
 #pragma GCC unroll 4
-        EACH q[i] = _mm512_set1_ps(c[0]);
+        EACH q[i] = _mm512_set1_ps(c[0] * s);
 #pragma GCC unroll 3
         for (int k = 1; k <= deg; k++)
 #pragma GCC unroll 4
-            EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(c[k]));
+            EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(c[k] * s));
 #pragma GCC unroll 4
-        EACH d[i] = _mm512_rcp14_ps(_mm512_add_ps(_mm512_scalef_ps(q[i], m[i]), one));
+        EACH d[i] = _mm512_rcp14_ps(_mm512_add_ps(_mm512_scalef_ps(q[i], m[i]), _mm512_set1_ps(s)));
+        if (dt != GDN_F16) {
+#pragma GCC unroll 4
+            EACH y[i] = _mm512_mul_ps(y[i], _mm512_set1_ps(s));
+        }
 #pragma GCC unroll 4
         EACH y[i] = _mm512_mul_ps(y[i], d[i]);
         return;
@@ -158,14 +168,19 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 #pragma GCC unroll 4
         EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(c5[k]));
 #pragma GCC unroll 4
-    EACH e[i] = _mm512_scalef_ps(q[i], m[i]);
+    EACH e[i] = _mm512_scalef_ps(q[i], _mm512_add_ps(m[i], _mm512_set1_ps(64.0f)));   /* eh = e 2^64 */
 #pragma GCC unroll 4
-    EACH d[i] = _mm512_rcp14_ps(_mm512_add_ps(e[i], one));
+    EACH a[i] = _mm512_fmadd_ps(e[i], _mm512_set1_ps(0x1p-64f), one);                 /* 1 + e */
 #pragma GCC unroll 4
-    EACH d[i] = _mm512_fmadd_ps(d[i], _mm512_fnmadd_ps(_mm512_add_ps(e[i], one), d[i], one), d[i]);
+    EACH d[i] = _mm512_rcp14_ps(a[i]);
 #pragma GCC unroll 4
-    EACH y[i] = _mm512_mul_ps(y[i], _mm512_mask_mul_ps(d[i], _mm512_cmp_ps_mask(y[i], _mm512_setzero_ps(), _CMP_LT_OQ),
-                                                       d[i], e[i]));
+    EACH d[i] = _mm512_fmadd_ps(d[i], _mm512_fnmadd_ps(a[i], d[i], one), d[i]);
+#pragma GCC unroll 4
+    EACH {   /* y < 0: (y d eh) 2^-64, rounded into the subnormals once (silu.h) */
+        const __mmask16 neg = _mm512_cmp_ps_mask(y[i], _mm512_setzero_ps(), _CMP_LT_OQ);
+        y[i] = _mm512_mul_ps(y[i], _mm512_mask_mul_ps(d[i], neg, d[i], e[i]));
+        y[i] = _mm512_mask_mul_ps(y[i], neg, y[i], _mm512_set1_ps(0x1p-64f));
+    }
 }
 #undef EACH
 
