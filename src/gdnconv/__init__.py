@@ -22,11 +22,13 @@ from ._core import (  # noqa: E402
     pack_weight,
     set_isa,
     set_num_threads,
+    thread_contention,
 )
 
 __all__ = [
     "conv_update_multi", "pack_weight", "bytes_moved", "set_num_threads", "get_num_threads",
-    "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa", "__version__",
+    "thread_contention", "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa",
+    "__version__",
 ]
 
 
