@@ -19,7 +19,8 @@ def format_report(r):
     c, w, g = r["config"], r["workload"], r["gdnconv"]
     lines = [
         f"gdnconv simulate: preset {c['preset']} (D={c['dim']}, W={c['width']}, state_len={c['state_len']}), "
-        f"{c['dtype']}, isa {c['isa']}, threads {c['threads']}",
+        f"{c['dtype']}, isa {c['isa']}, threads {c['threads']}"
+        f"{' (default: fewer while they stall)' if c.get('threads_adaptive') else ''}",
         f"  batch {c['batch']} positions, drafts 0..{c['drafts']} per request, accept rate {c['accept_rate']:.2f}, "
         f"{c['slots']} slots, {c['steps']} steps, seed {c['seed']}",
         f"  {w['requests']} requests ({w['slot_resets']} slot resets), {w['live_tokens']} tokens "
@@ -29,6 +30,9 @@ def format_report(r):
         f"gdnconv    : {_si(g['tokens_per_s'])} tokens/s, step median {g['median_us']:.1f} us, "
         f"p99 {g['p99_us']:.1f} us, {g['gb_per_s']:.1f} GB/s (kernel call only){_busy(g['others_pct'])}",
     ]
+    if g.get("team_reductions"):
+        lines.append(f"threads    : calls waited for a parked thread; fewer threads {g['team_reductions']} time(s) "
+                     f"(gdnconv.thread_contention())")
     cond = r["conditions"].split(":")[0]
     t = r["torch"]
     if t is not None:

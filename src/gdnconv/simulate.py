@@ -109,9 +109,10 @@ def _stage(step, state, pool, x_buf, out_buf, sentinel):
 
 def run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads, checker, snapshot_at,
                 progress):
-    """Run every step through ``gdnconv.conv_update_multi``; returns (ns per step,
-    bytes per step, state snapshot after ``snapshot_at`` steps, seconds spent checking,
-    % of a CPU other processes used meanwhile)."""
+    """Run every step through ``gdnconv.conv_update_multi`` with ``num_threads=threads``
+    (None: the default); returns (ns per step, bytes per step, state snapshot after
+    ``snapshot_at`` steps, seconds spent checking, % of a CPU other processes used
+    meanwhile)."""
     kernel = gdnconv.conv_update_multi
     ns = np.zeros(len(schedule), dtype=np.int64)
     nbytes = np.zeros(len(schedule), dtype=np.int64)
@@ -255,9 +256,12 @@ def simulate(args):
         torch_note = "disabled (--no-torch)"
 
     checker = Checker(weight, bias, pool64, dtype) if args.check else None
-    _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, threads)
+    # without --threads the calls take the default: up to `threads`, fewer while they stall
+    _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, args.threads)
+    before = gdnconv.thread_contention()
     ns, nbytes, snapshot, check_s, others = run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf,
-                                                        threads, checker, torch_steps, args.progress)
+                                                        args.threads, checker, torch_steps, args.progress)
+    after = gdnconv.thread_contention()
     live = np.array([s.live_tokens for s in schedule])
     entries = sum(len(s.slots) for s in schedule)
     pads = sum(int(np.count_nonzero(s.slots == PAD_SLOT_ID)) for s in schedule)
@@ -268,7 +272,7 @@ def simulate(args):
         "config": {
             "preset": args.preset, "dim": dim, "width": width, "state_len": state_len, "batch": batch,
             "drafts": drafts, "accept_rate": args.accept_rate, "dtype": args.dtype, "isa": gdnconv.active_isa(),
-            "threads": threads, "slots": num_slots, "steps": steps, "seed": args.seed, "mean_life": mean_life,
+            "threads": threads, "threads_adaptive": args.threads is None, "slots": num_slots, "steps": steps, "seed": args.seed, "mean_life": mean_life,
         },
         "workload": {
             "requests": int(max((int(s.request_ids.max()) for s in schedule if len(s.request_ids)), default=-1) + 1),
@@ -289,6 +293,7 @@ def simulate(args):
     gd = _stats(ns, live)
     gd["gb_per_s"] = float(nbytes.sum() / (ns.sum() * 1e-9) / 1e9) if ns.sum() else 0.0
     gd["others_pct"] = others
+    gd["team_reductions"] = after["reductions"] - before["reductions"]   # default threads: times on fewer
     result["gdnconv"] = gd
 
     result["torch"] = None
