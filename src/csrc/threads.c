@@ -62,11 +62,13 @@ int gdn_num_procs(void) {
  *
  * A team call returns only when every thread of it has run, and a thread the
  * scheduler parked behind another process holds the caller for milliseconds: with
- * one busy process on a 2-core machine libgomp's workers spin between calls (~3 ms,
- * GOMP_SPINCOUNT), use up their share of the busy core and start each call 5-15 ms
- * late, so every 2-thread call took 10-20 ms against 0.3 ms on one thread (B=16, bf16,
- * D=8192). libgomp's own dynamic team size (omp_set_dynamic) follows the 15-minute
- * load average, and the wait policy is read once from the environment at load.
+ * other processes busy on a 2-core machine libgomp's threads spin for work and at the
+ * join (~3 ms, GOMP_SPINCOUNT), use up their share of a busy core, and a worker
+ * started a call 5-7.5 ms late (median), so 2-thread calls took 4-18 ms against about
+ * 1 ms on one thread (B=16, bf16, D=8192). libgomp's own dynamic team size
+ * (omp_set_dynamic) follows the 15-minute load average, the wait policy is read once
+ * from the environment at load, and dynamic scheduling still waits for the late
+ * thread to reach the end of the region (docs/design.md).
  * So each team call of a default call is timed against the caller's own share: the
  * call was slow when it took longer than that share would take for every unit on one
  * thread. Two slow calls among the last four halve the team of this calling thread's
