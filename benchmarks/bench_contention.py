@@ -14,7 +14,8 @@ team included); the table gives medians over the repeats and the ratios.
     python benchmarks/bench_contention.py [--repeats 7] [--warm] [--batch 16 --dim 8192]
 
 The load average (os.getloadavg) is printed with every block: other processes that
-keep the cores busy make the idle figures contention figures too.
+keep the cores busy make the idle figures contention figures too (--wait-quiet waits
+for a quiet moment before each idle block; other% says what it got).
 """
 import argparse
 import itertools
@@ -28,7 +29,7 @@ import harness
 import numpy as np
 
 import gdnconv
-from gdnconv.timing import CpuMeter
+from gdnconv.timing import CpuMeter, wait_quiet
 
 # The competing process: spins on one CPU until its deadline, or until its parent is gone.
 BUSY_LOOP = """
@@ -135,6 +136,11 @@ def main(argv=None):
     ap.add_argument("--settle", type=float, default=1.2,
                     help="seconds of untimed default calls before each block's samples, longer than the "
                          "adaptive team's longest backoff (1 s) (default: %(default)s)")
+    ap.add_argument("--only", choices=["idle", "contention"], default=None,
+                    help="run only the blocks of one condition (A/B runs of two builds)")
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                    help="before each idle block, wait up to S seconds until other processes use less than 15%% "
+                         "of a CPU (default: no wait)")
     ap.add_argument("--cpu", type=int, default=None, help="CPU of the busy loop (default: the last this process may use)")
     harness.add_mode_arguments(ap)
     args = ap.parse_args(argv)
@@ -156,7 +162,10 @@ def main(argv=None):
           f"{'ratio':>6}  adaptive (slow calls, reductions, probes -> threads)")
     for r in range(args.repeats):
         order = ("idle", "contention") if r % 2 == 0 else ("contention", "idle")
+        order = [c for c in order if args.only in (None, c)]
         for cond in order:
+            if cond == "idle" and args.wait_quiet > 0:
+                wait_quiet(args.wait_quiet)
             d, o, others, load, counts = run_block(busy_cpu if cond == "contention" else None, default, one,
                                                    calls, args.samples, args.settle, bound_s)
             rows[cond][0].extend(d)
@@ -167,11 +176,13 @@ def main(argv=None):
             print(f"{r:>6} {cond:>10} {load:>6.2f} {others:>7.0f} {dm:>11.1f} {om:>12.1f} {dm / om:>6.2f}  {note}",
                   flush=True)
     print("medians over all samples:")
+    rows = {c: v for c, v in rows.items() if v[0]}
     for cond, (d, o) in rows.items():
         dm, om = statistics.median(d), statistics.median(o)
         print(f"  {cond:>10}: default {dm:.1f} us, one thread {om:.1f} us, default/one {dm / om:.2f}")
-    idle_d, cont_d = statistics.median(rows["idle"][0]), statistics.median(rows["contention"][0])
-    print(f"  default under contention / default idle: {cont_d / idle_d:.2f}")
+    if len(rows) == 2:
+        idle_d, cont_d = statistics.median(rows["idle"][0]), statistics.median(rows["contention"][0])
+        print(f"  default under contention / default idle: {cont_d / idle_d:.2f}")
     return 0
 
 
