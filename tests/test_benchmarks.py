@@ -1,7 +1,10 @@
-"""The benchmark scripts in benchmarks/ (outside the package): the engine-like rotation
-and what they say when there is nothing to run. Nothing here is timed."""
+"""The benchmark scripts in benchmarks/ (outside the package): the engine-like rotation,
+what they say when there is nothing to run, and the contention benchmark's busy loop,
+which must stop by itself. Nothing here is timed."""
+import os
 import pathlib
 import sys
+import time
 
 import pytest
 
@@ -11,6 +14,8 @@ from gdnconv.timing import last_level_cache_bytes
 BENCH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCH))
 import harness  # noqa: E402
+
+linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="the busy loop pins itself (Linux)")
 
 
 def test_last_level_cache_from_sysfs():
@@ -65,3 +70,44 @@ def test_bench_prefill_smoke():
     assert "library not found" in res.stdout and "engine-like cold" in res.stdout
     row = [line for line in res.stdout.splitlines() if line.split()[:2] == ["2", "40"]]
     assert len(row) == 1 and "nan" in row[0]   # vllm's column is empty
+
+
+def _gone(pid):
+    """The process has exited (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@linux_only
+def test_busy_loop_stops_at_its_deadline():
+    import bench_contention
+    proc = bench_contention.start_busy(max(os.sched_getaffinity(0)), 0.3)
+    assert proc.wait(timeout=60) == 0
+
+
+@linux_only
+def test_busy_loop_stops_when_its_parent_dies():
+    """A parent that dies without stopping it (killed benchmark): the loop exits anyway."""
+    code = (f"import os, sys; sys.path.insert(0, {str(BENCH)!r}); import bench_contention; "
+            f"p = bench_contention.start_busy(max(os.sched_getaffinity(0)), 600); print(p.pid); os._exit(0)")
+    res = run_python(code)
+    pid = int(res.stdout.split()[-1])
+    deadline = time.monotonic() + 60
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gone = _gone(pid)
+    if not gone:
+        os.kill(pid, 9)
+    assert gone, "the busy loop outlived its parent"
+
+
+@linux_only
+def test_contention_benchmark_short_run(capsys):
+    import bench_contention
+    assert bench_contention.main(["--batch", "2", "--dim", "512", "--repeats", "1", "--samples", "1",
+                                  "--sample-ms", "2", "--settle", "0.05", "--warm"]) == 0
+    out = capsys.readouterr().out
+    assert "idle: default" in out and "contention: default" in out

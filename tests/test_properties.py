@@ -130,7 +130,7 @@ def test_set_num_threads_is_deterministic_too(rng):
             st = state.copy()
             results.append((gdnconv.conv_update_multi(x, st, w, b, **kw), st))
     finally:
-        gdnconv.set_num_threads(previous)
+        gdnconv.set_num_threads(None)
     assert gdnconv.get_num_threads() == previous
     assert_bits_equal(results[1][0], results[0][0], "out")
     assert_bits_equal(results[1][1], results[0][1], "conv_state")
@@ -147,7 +147,96 @@ def test_set_num_threads_validates():
             with pytest.raises(ValueError):
                 gdnconv.set_num_threads(bad)
     finally:
-        gdnconv.set_num_threads(previous)
+        gdnconv.set_num_threads(None)
+    assert gdnconv.get_num_threads() == previous
+
+
+@pytest.fixture
+def fresh_adaptive_state():
+    """The calling thread's adaptive team state reset before and after the test."""
+    gdnconv._core._hold_threads(None, 0)
+    yield
+    gdnconv._core._hold_threads(None, 0)
+
+
+def test_adaptive_team_halves_after_two_slow_of_four_and_probes_with_backoff(fresh_adaptive_state):
+    """The state machine of threads.c driven with a made-up clock: one slow call does not
+    change the team, two of the last four do; a slow probe doubles the wait before the
+    next, a fast one restores the team and halves it."""
+    step = gdnconv._core._adapt_step
+    t = 1000.0
+    for slow in (True, False, False, False, True, False, False):   # never two in four
+        assert step(2, slow, t) == 2
+        t += 0.001
+    assert step(2, True, t) == 2                  # second slow of the last four
+    assert gdnconv.thread_contention()["reductions"] == 1
+    assert step(2, False, t + 0.001) == 1         # held on one thread for the 10 ms backoff
+    assert step(2, False, t + 0.009) == 1
+    assert step(2, True, t + 0.011) == 2          # probe, slow: backoff doubles to 20 ms
+    assert step(2, False, t + 0.030) == 1
+    assert step(2, True, t + 0.032) == 2          # probe, slow: 40 ms
+    assert step(2, False, t + 0.070) == 1
+    assert step(2, False, t + 0.073) == 2         # probe, fast: full team again, backoff 20 ms
+    state = gdnconv.thread_contention()
+    assert (state["threads"], state["probes"], state["reductions"], state["slow_calls"]) == (
+        gdnconv.get_num_threads(), 3, 1, 5)
+    t += 1.0
+    assert step(2, True, t) == 2 and step(2, True, t) == 2
+    assert step(2, False, t + 0.019) == 1         # the halved backoff: 20 ms
+    assert step(2, False, t + 0.021) == 2
+
+
+def test_adaptive_team_halves_step_by_step_on_many_threads(fresh_adaptive_state):
+    step = gdnconv._core._adapt_step
+    t = 1000.0
+    assert step(8, True, t) == 8 and step(8, True, t) == 8
+    assert step(8, True, t) == 4 and step(8, True, t) == 4
+    assert step(8, False, t) == 2
+    assert step(3, False, t) == 2                 # a smaller call is capped the same
+    assert step(8, False, t + 0.011) == 4         # probe twice the team, fast: cap 4
+    assert step(8, False, t + 0.012) == 4         # the next probe after the backoff (10 ms)
+    assert step(8, False, t + 0.022) == 8         # it restores all 8
+    assert step(1, True, t + 0.031) == 1          # one-thread calls are not recorded
+    assert gdnconv.thread_contention()["slow_calls"] == 4
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_reduced_team_and_explicit_counts_give_the_same_bits(isa, rng, dtype, fresh_adaptive_state):
+    """With default calls held on one thread (as after slow team calls), a default call
+    runs on one thread, num_threads=2 and set_num_threads(2) still run two, a probe runs
+    two; every one gives the same bits, and the state matches the reference."""
+    call = make_call(rng, dtype=dtype, W=4, D=1000 + 3, T=4, B=5, mode="spec", pads=True)
+    x, state, w, b, kw = call["x"], call["conv_state"], call["weight"], call["bias"], call["kw"]
+    two = min(2, _cpus())
+    previous = gdnconv._core._set_parallel_min_bytes(0)   # teams even for these small calls
+    results = []
+
+    def run(expect_threads, **extra):
+        st = state.copy()
+        out = gdnconv.conv_update_multi(x, st, w, b, **kw, **extra)
+        assert gdnconv.thread_contention()["last_call_threads"] == expect_threads, extra
+        results.append((out, st))
+
+    try:
+        run(1, num_threads=1)
+        gdnconv._core._hold_threads(1, 3600.0)
+        assert gdnconv.thread_contention()["threads"] == 1
+        run(1)                                   # the default, held on one thread
+        run(two, num_threads=2)                  # an explicit count is used as asked
+        gdnconv.set_num_threads(2)
+        run(two)
+        gdnconv.set_num_threads(None)
+        run(1)
+        gdnconv._core._hold_threads(1, 0.0)      # the backoff is over: the next call probes
+        run(two)
+    finally:
+        gdnconv.set_num_threads(None)
+        gdnconv._core._set_parallel_min_bytes(previous)
+    for out, st in results[1:]:
+        assert_bits_equal(out, results[0][0], "out")
+        assert_bits_equal(st, results[0][1], "conv_state")
+    _, ref_state, _ = reference(x, state, w, b, **kw)
+    assert_bits_equal(results[0][1], ref_state, "conv_state")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])

@@ -106,7 +106,11 @@ int gdn_update_validate(const gdn_update_params *p, int64_t num_tokens, int64_t 
 /* Bytes the performance model says the call must move. */
 int64_t gdn_update_bytes(const gdn_update_params *p);
 
-/* Run the whole call on up to num_threads threads. Call gdn_update_validate first. */
+/* Run the whole call. Call gdn_update_validate first. num_threads > 0: up to that
+ * many threads, as asked; num_threads < 0: the default, up to -num_threads threads,
+ * fewer while this calling thread's calls on several threads wait for a thread the
+ * scheduler parked (docs/design.md). Calls below the parallel size, and every call
+ * in a forked child, run on the calling thread. */
 void gdn_update_run(const gdn_update_params *p, int num_threads);
 
 /* ---- the conv prefill (prefill.c): whole prompts, seeding each request's state ----

@@ -58,27 +58,133 @@ int gdn_num_procs(void) {
 #endif
 }
 
-int gdn_threads_for(int num_threads, int64_t units, int64_t bytes) {
-    if (num_threads > units) num_threads = (int)units;
-    if (num_threads > 1 && (bytes < parallel_min_bytes || forked())) num_threads = 1;
-    return num_threads < 1 ? 1 : num_threads;
+/* ---- the team of a call that did not ask for a count: fewer threads while they stall ----
+ *
+ * A team call returns only when every thread of it has run, and a thread the
+ * scheduler parked behind another process holds the caller for milliseconds: with
+ * other processes busy on a 2-core machine libgomp's threads spin for work and at the
+ * join (~3 ms, GOMP_SPINCOUNT), use up their share of a busy core, and a worker
+ * started a call 5-7.5 ms late (median), so 2-thread calls took 4-18 ms against about
+ * 1 ms on one thread (B=16, bf16, D=8192). libgomp's own dynamic team size
+ * (omp_set_dynamic) follows the 15-minute load average, the wait policy is read once
+ * from the environment at load, and dynamic scheduling still waits for the late
+ * thread to reach the end of the region (docs/design.md).
+ * So each team call of a default call is timed against the caller's own share: the
+ * call was slow when it took longer than that share would take for every unit on one
+ * thread. Two slow calls among the last four halve the team of this calling thread's
+ * later default calls; after a backoff one call tries twice the team again (a probe):
+ * a slow probe doubles the backoff (up to GDN_BACKOFF_MAX), a fast one restores the
+ * team and halves it. The state is per calling thread (each has its own OpenMP team),
+ * so it needs no locks. */
+#define GDN_BACKOFF_MIN 0.01
+#define GDN_BACKOFF_MAX 1.0
+#define GDN_SLOW_OF_LAST_4 2
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define GDN_THREAD_LOCAL __declspec(thread)
+#else
+#define GDN_THREAD_LOCAL _Thread_local
+#endif
+
+static GDN_THREAD_LOCAL gdn_adapt_state adapt = {GDN_NO_CAP, 0, 1, 0.0, GDN_BACKOFF_MIN, 0, 0, 0};
+
+static int popcount4(unsigned h) { return (int)((h & 1) + ((h >> 1) & 1) + ((h >> 2) & 1) + ((h >> 3) & 1)); }
+
+/* Threads for a default call that may use up to n, at time now (seconds). */
+static int adapt_team(int n, double now) {
+    if (n <= adapt.cap) return n;
+    if (now >= adapt.retry_at) return adapt.cap * 2 < n ? adapt.cap * 2 : n;   /* probe */
+    return adapt.cap;
 }
 
-void gdn_parallel_for(int nthreads, int64_t units, gdn_range_fn fn, void *ctx) {
+/* Record a team call of k threads (k > 1) of a default call that asked for up to n. */
+static void adapt_record(int k, int n, int slow, double now) {
+    if (k > adapt.cap) {   /* a probe */
+        adapt.probes++;
+        if (slow) {
+            adapt.backoff = adapt.backoff * 2 < GDN_BACKOFF_MAX ? adapt.backoff * 2 : GDN_BACKOFF_MAX;
+            adapt.retry_at = now + adapt.backoff;
+        } else {
+            adapt.cap = k < n ? k : GDN_NO_CAP;
+            adapt.backoff = adapt.backoff / 2 > GDN_BACKOFF_MIN ? adapt.backoff / 2 : GDN_BACKOFF_MIN;
+            adapt.retry_at = now + adapt.backoff;   /* a still larger team after another wait */
+            adapt.history = 0;
+        }
+        adapt.slow_calls += slow;
+        return;
+    }
+    adapt.slow_calls += slow;
+    adapt.history = (adapt.history << 1 | (unsigned)slow) & 0xFu;
+    if (popcount4(adapt.history) >= GDN_SLOW_OF_LAST_4) {
+        adapt.cap = k / 2;
+        adapt.history = 0;
+        adapt.retry_at = now + adapt.backoff;
+        adapt.reductions++;
+    }
+}
+
+gdn_adapt_state gdn_adapt_get(void) { return adapt; }
+
+void gdn_adapt_set(gdn_adapt_state s) { adapt = s; }
+
+int gdn_adapt_step(int n, int slow, double now) {
+    const int k = adapt_team(n, now);
+    if (k > 1) adapt_record(k, n, slow, now);
+    adapt.last_threads = k;
+    return k;
+}
+
+double gdn_adapt_now(void) {
 #ifdef _OPENMP
-    if (nthreads > 1) {
+    return omp_get_wtime();
+#else
+    return 0.0;
+#endif
+}
+
+gdn_team gdn_threads_for(int num_threads, int64_t units, int64_t bytes) {
+    gdn_team team;
+    team.adaptive = num_threads < 0;
+    team.wanted = team.adaptive ? -num_threads : num_threads;
+    if (team.wanted > units) team.wanted = (int)units;
+    if (team.wanted > 1 && (bytes < parallel_min_bytes || forked())) team.wanted = 1;
+    if (team.wanted < 1) team.wanted = 1;
+    team.n = team.adaptive && team.wanted > 1 ? adapt_team(team.wanted, gdn_adapt_now()) : team.wanted;
+    return team;
+}
+
+void gdn_parallel_for(gdn_team team, int64_t units, gdn_range_fn fn, void *ctx) {
+    adapt.last_threads = team.n;
+#ifdef _OPENMP
+    if (team.n > 1) {
         /* contiguous ranges of units per thread: with one request, units are
          * neighbouring channel blocks, and interleaving them across threads measured
          * slower (B=8: 1.08x vs 1.58x from a second thread) */
-#pragma omp parallel num_threads(nthreads)
+        const double t0 = omp_get_wtime();
+        double own = 0.0;
+        int64_t own_units = 1;
+#pragma omp parallel num_threads(team.n)
         {
             const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-            fn(ctx, units * t / n, units * (t + 1) / n);
+            const int64_t u0 = units * t / n, u1 = units * (t + 1) / n;
+            if (t == 0) {
+                const double a = omp_get_wtime();
+                fn(ctx, u0, u1);
+                own = omp_get_wtime() - a;
+                own_units = u1 - u0;
+            } else {
+                fn(ctx, u0, u1);
+            }
+        }
+        if (team.adaptive) {
+            const double now = omp_get_wtime();
+            /* slow: the team took longer than the caller alone would have for all units */
+            const int slow = own_units > 0 && now - t0 > own * (double)units / (double)own_units;
+            adapt_record(team.n, team.wanted, slow, now);
         }
         return;
     }
 #endif
-    (void)nthreads;
     fn(ctx, 0, units);
 }
 

@@ -9,13 +9,44 @@
 /* Work of one thread: units [u0, u1) of a call. */
 typedef void (*gdn_range_fn)(void *ctx, int64_t u0, int64_t u1);
 
-/* Threads for a call of `units` units that moves `bytes` bytes: at most num_threads
- * and units, and 1 below the size threshold or in a forked child. */
-int gdn_threads_for(int num_threads, int64_t units, int64_t bytes);
+/* A call's team: n threads of the wanted (at most num_threads and units, 1 below the
+ * size threshold or in a forked child); adaptive for a default call, whose team is
+ * smaller while this calling thread's team calls stall (threads.c). */
+typedef struct {
+    int n, wanted, adaptive;
+} gdn_team;
 
-/* fn(ctx, u0, u1) over contiguous ranges of [0, units), one per thread, on nthreads
- * threads (from gdn_threads_for); returns when all are done. */
-void gdn_parallel_for(int nthreads, int64_t units, gdn_range_fn fn, void *ctx);
+/* The team of a call of `units` units that moves `bytes` bytes. num_threads > 0 asks
+ * for that many threads exactly (an explicit request); num_threads < 0 is a default
+ * call that may use up to -num_threads. */
+gdn_team gdn_threads_for(int num_threads, int64_t units, int64_t bytes);
+
+/* fn(ctx, u0, u1) over contiguous ranges of [0, units), one per thread of the team
+ * (from gdn_threads_for); returns when all are done. Times an adaptive team call. */
+void gdn_parallel_for(gdn_team team, int64_t units, gdn_range_fn fn, void *ctx);
+
+/* The calling thread's adaptive state: the team cap of its default calls
+ * (GDN_NO_CAP: none), the last four team calls at that cap (bit 0 the latest, 1 =
+ * slow), when the next probe may run and the backoff after a slow one (seconds on
+ * omp_get_wtime's clock), counters, and the team of its last call. */
+#define GDN_NO_CAP 0x7fffffff
+typedef struct {
+    int cap;
+    unsigned history;
+    int last_threads;
+    double retry_at, backoff;
+    int64_t slow_calls, probes, reductions;
+} gdn_adapt_state;
+
+gdn_adapt_state gdn_adapt_get(void);
+void gdn_adapt_set(gdn_adapt_state s);
+
+/* One default call of up to n threads at time now, recorded as slow or not when it
+ * gets a team (tests drive the state machine with it); returns its team size. */
+int gdn_adapt_step(int n, int slow, double now);
+
+/* Seconds on the clock gdn_adapt_state uses (omp_get_wtime; 0 without OpenMP). */
+double gdn_adapt_now(void);
 
 /* The calling thread's scratch of at least n floats (64-byte aligned), kept between
  * calls and freed when the thread ends, so no other thread and no module teardown

@@ -131,9 +131,9 @@ void gdn_update_run(const gdn_update_params *p, int num_threads) {
     run.per_unit = run.isa->update_requests_per_unit;
     run.blocks = (p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS;
     const int64_t units = (p->batch + run.per_unit - 1) / run.per_unit * run.blocks;
-    const int nthreads = gdn_threads_for(num_threads, units, gdn_update_bytes(p));
-    run.convert = run.isa->update_fill && p->batch > nthreads && p->batch > 1 &&
+    const gdn_team team = gdn_threads_for(num_threads, units, gdn_update_bytes(p));
+    run.convert = run.isa->update_fill && p->batch > team.n && p->batch > 1 &&
                   (p->width + 1) * p->dim <= GDN_SCRATCH_MAX_FLOATS &&
                   !(p->weight_dtype == GDN_F32 && p->weight_stride_d == 1);
-    gdn_parallel_for(nthreads, units, run_range, &run);
+    gdn_parallel_for(team, units, run_range, &run);
 }

@@ -25,11 +25,12 @@ from ._core import (  # noqa: E402
     prefill_bytes_moved,
     set_isa,
     set_num_threads,
+    thread_contention,
 )
 
 __all__ = [
     "conv_update_multi", "conv_prefill", "pack_weight", "bytes_moved", "prefill_bytes_moved",
-    "set_num_threads", "get_num_threads",
+    "set_num_threads", "get_num_threads", "thread_contention",
     "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa", "__version__",
 ]
 

@@ -55,6 +55,18 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
     int gdn_prefill_run(const gdn_prefill_params *p, int num_threads)
 
 cdef extern from "threads.h" nogil:
+    enum:
+        GDN_NO_CAP
+    ctypedef struct gdn_adapt_state:
+        int cap
+        unsigned history
+        int last_threads
+        double retry_at, backoff
+        int64_t slow_calls, probes, reductions
+    gdn_adapt_state gdn_adapt_get()
+    void gdn_adapt_set(gdn_adapt_state s)
+    int gdn_adapt_step(int n, int slow, double now)
+    double gdn_adapt_now()
     int64_t gdn_set_parallel_min_bytes(int64_t bytes)
     void gdn_fork_guard_init()
     int gdn_num_procs()

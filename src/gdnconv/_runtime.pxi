@@ -25,6 +25,7 @@ def _default_num_threads():
 
 
 cdef int _num_threads = _default_num_threads()
+cdef bint _threads_set = False   # set_num_threads(n): every call uses n, never fewer
 
 
 gdn_fork_guard_init()   # a forked child runs every call on its calling thread (threads.c)
@@ -36,16 +37,68 @@ cdef int _check_threads(object n, str name) except -1:
     return min(int(n), _affinity_count())
 
 
+cdef int _call_threads(object num_threads) except 0:
+    """The thread request gdn_update_run takes: n > 0 exactly (num_threads= or
+    set_num_threads), -n for a default call that may use up to n (threads.c)."""
+    if num_threads is not None:
+        return _check_threads(num_threads, "num_threads")
+    return _num_threads if _threads_set else -_num_threads
+
+
 def set_num_threads(n):
-    """Set how many threads later calls may use (at most the process's CPU affinity);
-    ``None`` restores the default.
+    """Set how many threads every later call uses (at most the process's CPU
+    affinity); ``None`` restores the default.
 
     The default follows ``OMP_NUM_THREADS`` when set, else the CPUs this process may
-    run on. Small calls always run on the calling thread. Raises ValueError for
-    anything but a positive integer or None.
+    run on, and uses fewer while calls on several threads wait for a thread the
+    scheduler parked (``thread_contention()``); a number set here is used as it is,
+    like ``num_threads=``. Small calls always run on the calling thread. Raises
+    ValueError for anything but a positive integer or None.
     """
-    global _num_threads
+    global _num_threads, _threads_set
     _num_threads = _default_num_threads() if n is None else _check_threads(n, "n")
+    _threads_set = n is not None
+
+
+def thread_contention():
+    """How default calls from the calling thread share the CPUs now (a dict).
+
+    A call without ``num_threads=`` (and no ``set_num_threads(n)``) times its team
+    against the calling thread's own share; when two of four such calls were slower
+    than one thread would have been (a thread waited for the scheduler), later calls
+    of this thread use half the team, and after a backoff of 10 ms to 1 s one call
+    tries the larger team again. Keys: ``threads`` (the most a default call of this
+    thread uses now), ``last_call_threads`` (the team of this thread's last call,
+    explicit or not), ``slow_calls``, ``reductions`` and ``probes`` (counts since the
+    thread's first call), ``retry_in_s`` (seconds until the next try of a larger team,
+    0 when none is pending).
+    """
+    cdef gdn_adapt_state s = gdn_adapt_get()
+    cdef int limit = _num_threads
+    reduced = s.cap != GDN_NO_CAP and s.cap < limit
+    return {"threads": s.cap if reduced else limit, "last_call_threads": s.last_threads,
+            "slow_calls": s.slow_calls, "reductions": s.reductions, "probes": s.probes,
+            "retry_in_s": max(0.0, s.retry_at - gdn_adapt_now()) if reduced else 0.0}
+
+
+def _hold_threads(cap, seconds):
+    """Tests and benchmarks: default calls of the calling thread use at most ``cap``
+    threads for ``seconds`` (then probe as after a slowdown); ``cap=None`` resets the
+    thread's adaptive state (full team, no history, shortest backoff)."""
+    cdef gdn_adapt_state s = gdn_adapt_get()
+    if cap is None:
+        s.cap, s.history, s.retry_at, s.backoff = GDN_NO_CAP, 0, 0.0, 0.01
+        s.slow_calls = s.probes = s.reductions = 0
+    else:
+        s.cap, s.history, s.retry_at = int(cap), 0, gdn_adapt_now() + float(seconds)
+    gdn_adapt_set(s)
+
+
+def _adapt_step(n, slow, now):
+    """Tests: one default call of up to ``n`` threads at time ``now`` (seconds on the
+    state's clock), recorded as ``slow`` if it gets a team; returns its team size.
+    Nothing runs: this drives the calling thread's state machine alone."""
+    return gdn_adapt_step(int(n), 1 if slow else 0, float(now))
 
 
 def _set_parallel_min_bytes(nbytes):
@@ -55,7 +108,8 @@ def _set_parallel_min_bytes(nbytes):
 
 
 def get_num_threads():
-    """Threads a call may use: the ``set_num_threads`` value, else the default."""
+    """Threads a call may use: the ``set_num_threads`` value, else the default (the
+    most a default call uses; ``thread_contention()`` says how many it uses now)."""
     return _num_threads
 
 

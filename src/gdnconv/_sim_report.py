@@ -19,7 +19,8 @@ def format_report(r):
     c, w, g = r["config"], r["workload"], r["gdnconv"]
     lines = [
         f"gdnconv simulate: preset {c['preset']} (D={c['dim']}, W={c['width']}, state_len={c['state_len']}), "
-        f"{c['dtype']}, isa {c['isa']}, threads {c['threads']}",
+        f"{c['dtype']}, isa {c['isa']}, threads {c['threads']}"
+        f"{' (default: fewer while they stall)' if c.get('threads_adaptive') else ''}",
         f"  batch {c['batch']} positions, drafts 0..{c['drafts']} per request, accept rate {c['accept_rate']:.2f}, "
         f"{c['slots']} slots, {c['steps']} steps, seed {c['seed']}",
         f"  {w['requests']} requests ({w['slot_resets']} slot resets), {w['live_tokens']} tokens "
@@ -34,6 +35,9 @@ def format_report(r):
         lines.append(f"prefill    : {_si(pf['tokens_per_s'])} prompt tokens/s, {pf['tokens']} tokens in "
                      f"{pf['calls']} conv_prefill calls (prompts of 1..{c['prompt_len']}), "
                      f"call median {pf['median_us']:.1f} us")
+    if g.get("team_reductions"):
+        lines.append(f"threads    : calls waited for a parked thread; fewer threads {g['team_reductions']} time(s) "
+                     f"(gdnconv.thread_contention())")
     cond = r["conditions"].split(":")[0]
     t = r["torch"]
     if t is not None:

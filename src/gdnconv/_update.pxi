@@ -201,8 +201,10 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
         out: optional array of ``x``'s shape and dtype to write into; may be ``x``
             itself. Rows of skipped requests are left as they were (zeros in a newly
             allocated output).
-        num_threads: threads for this call (default ``get_num_threads()``); capped by
-            the process's CPU affinity; small calls run on the calling thread.
+        num_threads: threads for this call, used as asked (capped by the process's
+            CPU affinity). Default: ``get_num_threads()``, fewer while calls on
+            several threads wait for a thread the scheduler parked (see
+            ``thread_contention``). Small calls run on the calling thread.
 
     Returns:
         ``out`` (a new NumPy array or torch tensor like ``x`` when not given).
@@ -221,7 +223,7 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
         Nothing is written when an exception is raised.
     """
     cdef _Update c = _Update()
-    cdef int nthreads = _num_threads if num_threads is None else _check_threads(num_threads, "num_threads")
+    cdef int nthreads = _call_threads(num_threads)
     # convert first: user code (__array__) must not run once pointers are taken
     x = _input_array(x, "x")
     weight = _native(weight)

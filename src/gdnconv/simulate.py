@@ -130,9 +130,10 @@ def run_prefill(p, state, weight, bias, pool, threads, checker):
 def run_gdnconv(schedule, state, weight, bias, pool, x_buf, out_buf, threads, checker, snapshot_at,
                 progress, prefill_checker=None):
     """Run every step through ``gdnconv.conv_update_multi``, after its prompts (if any)
-    through ``gdnconv.conv_prefill``; returns (ns per step, bytes per step, state
-    snapshot after ``snapshot_at`` steps, seconds spent checking, % of a CPU other
-    processes used meanwhile, prefill ns per step, prefill tokens per step)."""
+    through ``gdnconv.conv_prefill``, with ``num_threads=threads`` (None: the default);
+    returns (ns per step, bytes per step, state snapshot after ``snapshot_at`` steps,
+    seconds spent checking, % of a CPU other processes used meanwhile, prefill ns per
+    step, prefill tokens per step)."""
     kernel = gdnconv.conv_update_multi
     ns = np.zeros(len(schedule), dtype=np.int64)
     nbytes = np.zeros(len(schedule), dtype=np.int64)
@@ -291,10 +292,13 @@ def simulate(args):
 
     checker = Checker(weight, bias, pool64, dtype) if args.check else None
     prefill_checker = Checker(weight, bias, pool64, dtype) if args.check else None
-    _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, threads)
+    # without --threads the calls take the default: up to `threads`, fewer while they stall
+    _warm_up(schedule, state, weight, bias, pool, x_buf, out_buf, args.threads)
+    before = gdnconv.thread_contention()
     ns, nbytes, snapshot, check_s, others, p_ns, p_tokens = run_gdnconv(
-        schedule, state, weight, bias, pool, x_buf, out_buf, threads, checker, torch_steps, args.progress,
+        schedule, state, weight, bias, pool, x_buf, out_buf, args.threads, checker, torch_steps, args.progress,
         prefill_checker)
+    after = gdnconv.thread_contention()
     live = np.array([s.live_tokens for s in schedule])
     entries = sum(len(s.slots) for s in schedule)
     pads = sum(int(np.count_nonzero(s.slots == PAD_SLOT_ID)) for s in schedule)
@@ -305,8 +309,8 @@ def simulate(args):
         "config": {
             "preset": args.preset, "dim": dim, "width": width, "state_len": state_len, "batch": batch,
             "drafts": drafts, "accept_rate": args.accept_rate, "dtype": args.dtype, "isa": gdnconv.active_isa(),
-            "threads": threads, "slots": num_slots, "steps": steps, "seed": args.seed, "mean_life": mean_life,
-            "prompt_len": args.prompt_len,
+            "threads": threads, "threads_adaptive": args.threads is None, "slots": num_slots, "steps": steps,
+            "seed": args.seed, "mean_life": mean_life, "prompt_len": args.prompt_len,
         },
         "workload": {
             "requests": int(max((int(s.request_ids.max()) for s in schedule if len(s.request_ids)), default=-1) + 1),
@@ -327,6 +331,7 @@ def simulate(args):
     gd = _stats(ns, live)
     gd["gb_per_s"] = float(nbytes.sum() / (ns.sum() * 1e-9) / 1e9) if ns.sum() else 0.0
     gd["others_pct"] = others
+    gd["team_reductions"] = after["reductions"] - before["reductions"]   # default threads: times on fewer
     result["gdnconv"] = gd
     result["prefill"] = None
     if p_tokens.any():
