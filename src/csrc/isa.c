@@ -8,11 +8,11 @@
 /* Best first; the first supported row is the default; the portable row is last. */
 static const gdn_isa table[] = {
 #ifdef GDN_HAVE_X86_SIMD
-    {"avx512bf16", AVX512_FEATURES | F(AVX512_BF16), gdn_update_avx512bf16, gdn_fill_avx512, 1},
-    {"avx512", AVX512_FEATURES, gdn_update_avx512, gdn_fill_avx512, 1},
-    {"avx2", AVX2_FEATURES, gdn_update_avx2, gdn_fill_avx2, 1},
+    {"avx512bf16", AVX512_FEATURES | F(AVX512_BF16), gdn_update_avx512bf16, gdn_update_tc_avx512bf16, gdn_fill_avx512, 1},
+    {"avx512", AVX512_FEATURES, gdn_update_avx512, gdn_update_tc_avx512, gdn_fill_avx512, 1},
+    {"avx2", AVX2_FEATURES, gdn_update_avx2, gdn_update_tc_avx2, gdn_fill_avx2, 1},
 #endif
-    {"scalar", 0, gdn_update_scalar, NULL, GDN_BLOCK_REQUESTS},
+    {"scalar", 0, gdn_update_scalar, NULL, NULL, GDN_BLOCK_REQUESTS},
 };
 #define COUNT ((int)(sizeof(table) / sizeof(table[0])))
 

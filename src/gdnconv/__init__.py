@@ -19,6 +19,7 @@ from ._core import (  # noqa: E402
     conv_update_multi,
     cpu_features,
     get_num_threads,
+    last_path,
     pack_weight,
     set_isa,
     set_num_threads,
@@ -26,7 +27,7 @@ from ._core import (  # noqa: E402
 
 __all__ = [
     "conv_update_multi", "pack_weight", "bytes_moved", "set_num_threads", "get_num_threads",
-    "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa", "__version__",
+    "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa", "last_path", "__version__",
 ]
 
 

@@ -46,6 +46,7 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
                             int64_t *bad_value)
     int64_t gdn_update_bytes(const gdn_update_params *p)
     void gdn_update_run(const gdn_update_params *p, int num_threads)
+    int gdn_update_last_path(const char **isa, const char **entry)
 
 cdef extern from "threads.h" nogil:
     int64_t gdn_set_parallel_min_bytes(int64_t bytes)
