@@ -26,9 +26,9 @@ import math
 import sys
 
 import numpy as np
+from harness import Rotation, add_mode_arguments, calibrate, cycle, sample_ns, stats
 
 from gdnconv.timing import CpuMeter
-from harness import Rotation, add_mode_arguments, calibrate, cycle, sample_ns, stats
 
 LAYOUTS = ("sd", "ds", "hf")
 

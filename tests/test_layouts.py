@@ -7,9 +7,9 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import DTYPES, reference, skipped_rows
 
 import gdnconv
-from conftest import DTYPES, reference, skipped_rows
 from gdnconv.testing import assert_bits_equal, assert_outputs_close, bits
 
 # layout -> (extra columns before, after the L time columns of each channel)
@@ -64,7 +64,7 @@ def test_time_contiguous_matches_channel_contiguous(isa, rng, dtype, W, mode):
     rows = ~skipped_rows(x.shape, kw["conv_state_indices"], kw.get("query_start_loc"))
     assert_outputs_close(out_sd, ref_out, mag, out_sd.dtype, silu=True, rows=rows)
     assert_bits_equal(st_sd, ref_state, "channel-contiguous conv_state")
-    for layout in LAYOUTS:
+    for layout, (before, after) in LAYOUTS.items():
         mem, st = time_contiguous(values, layout)
         outside = bits(mem).copy()
         out = gdnconv.conv_update_multi(x, st, w, b, **kw)
@@ -73,9 +73,8 @@ def test_time_contiguous_matches_channel_contiguous(isa, rng, dtype, W, mode):
             isa, "state-channel-contiguous" if dense else "state-time-contiguous"), layout
         assert np.array_equal(bits(out), bits(out_sd)), f"{layout}: out differs from the channel-contiguous call"
         assert_bits_equal(np.ascontiguousarray(st), st_sd, f"{layout} conv_state")
-        before, after = LAYOUTS[layout]
         L = values.shape[1]
-        for cols in (slice(0, before), slice(before + L, None)):
+        for cols in (slice(0, before), slice(before + L, before + L + after)):
             assert np.array_equal(bits(mem)[..., cols], outside[..., cols]), f"{layout}: wrote outside the view"
 
 
