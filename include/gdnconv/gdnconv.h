@@ -113,6 +113,14 @@ int64_t gdn_update_bytes(const gdn_update_params *p);
  * in a forked child, run on the calling thread. */
 void gdn_update_run(const gdn_update_params *p, int num_threads);
 
+/* The kernel the calling thread's last gdn_update_run took, for tests: *isa the ISA
+ * name ("scalar" for the portable kernel), *entry "state-channel-contiguous",
+ * "state-time-contiguous" (conv_state with time stride 1) or "any-strides" (the
+ * portable kernel for any other strides). Within a SIMD entry, channels past the last
+ * whole 64-byte line of a block run the portable core. Returns 0, or -1 (both NULL)
+ * before this thread's first call. */
+int gdn_update_last_path(const char **isa, const char **entry);
+
 /* ---- the conv prefill (prefill.c): whole prompts, seeding each request's state ----
  *
  * ref: vLLM causal_conv1d_fn and its CPU op causal_conv1d_fwd_cpu. Request i with

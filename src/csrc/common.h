@@ -1,5 +1,6 @@
-/* Shared internals of every file: the public header, inlining and alignment macros,
- * and whether this compiler can build the x86 SIMD kernels from a baseline build. */
+/* Shared internals of every file: the public header, inlining, alignment and
+ * thread-local macros, and whether this compiler can build the x86 SIMD kernels from
+ * a baseline build. */
 #ifndef GDNCONV_COMMON_H
 #define GDNCONV_COMMON_H
 
@@ -11,9 +12,11 @@
 #if defined(_MSC_VER) && !defined(__clang__)
 #define GDN_INLINE static __forceinline
 #define GDN_ALIGN64 __declspec(align(64))
+#define GDN_THREAD_LOCAL __declspec(thread)
 #else
 #define GDN_INLINE static inline __attribute__((always_inline))
 #define GDN_ALIGN64 __attribute__((aligned(64)))
+#define GDN_THREAD_LOCAL _Thread_local
 #endif
 
 /* The x86 SIMD kernels are compiled where the compiler can target them from a

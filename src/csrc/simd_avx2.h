@@ -151,6 +151,82 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 }
 #undef EACH
 
+/* ---- transposition of a time-contiguous state (update_simd.h's simd_kernel_tc) ----
+ * Eight channels at a time in dword lanes (16-bit elements zero-extended on the way in,
+ * packed on the way out). In: the block (element (k, j) at j*sd + k) is sd vectors and
+ * row k takes lane j from element j*sd + k; out: block vector m takes lane i from row
+ * k, channel j, where 8m + i = j*sd + k. A gather is a lane permute and a blend per
+ * source vector. AVX2 has no 16-bit masked store: 16-bit rows go back by vectors only
+ * when the block has no gaps (sd == R), by the element loop otherwise. */
+#define TC_LINE(e) 8
+
+typedef struct {
+    __m256i idx[GDN_MAX_WIDTH];    /* in: per row k; out: per block vector m */
+    __m256i keep[GDN_MAX_WIDTH];   /* out: lanes stored (fp32) */
+} tc_plan;
+
+GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
+    (void)e;
+    const __m256i base = _mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(sd));
+    for (int k = 0; k < R; k++) t->idx[k] = _mm256_add_epi32(base, _mm256_set1_epi32(k));
+}
+
+/* j = p / sd for p < 64, 2 <= sd <= 8: (p * ceil(2^16 / sd)) >> 16 is exact there */
+GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) {
+    (void)e;
+    const __m256i magic = _mm256_set1_epi32((65536 + sd - 1) / sd);
+    for (int m = 0; m < sd; m++) {
+        const __m256i p = _mm256_add_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(8 * m));
+        const __m256i j = _mm256_srli_epi32(_mm256_mullo_epi32(p, magic), 16);
+        const __m256i k = _mm256_sub_epi32(p, _mm256_mullo_epi32(j, _mm256_set1_epi32(sd)));
+        t->idx[m] = _mm256_add_epi32(_mm256_slli_epi32(k, 3), j);   /* row k, channel j */
+        t->keep[m] = _mm256_cmpgt_epi32(_mm256_set1_epi32(R), k);
+    }
+}
+
+GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { return e == 4 || sd == R; }
+
+/* lane i <- flat element idx_i of v[0..n-1] */
+GDN_INLINE __m256i tc_gather(const __m256i *v, const int n, __m256i idx) {
+    const __m256i src = _mm256_srli_epi32(idx, 3);
+    __m256i r = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int m = 0; m < n; m++)
+        r = _mm256_blendv_epi8(r, _mm256_permutevar8x32_epi32(v[m], idx), _mm256_cmpeq_epi32(src, _mm256_set1_epi32(m)));
+    return r;
+}
+
+GDN_INLINE __m256i tc_load8(const char *p, const int e) {
+    return e == 2 ? _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_si256((const __m256i *)p);
+}
+
+GDN_INLINE void tc_store8(char *p, __m256i v, const int e) {
+    if (e == 4) _mm256_storeu_si256((__m256i *)p, v);
+    else _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08)));
+}
+
+GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, const int R, const tc_plan *t,
+                      const int e) {
+    __m256i v[GDN_MAX_WIDTH];
+#pragma GCC unroll 8
+    for (int m = 0; m < sd; m++) v[m] = tc_load8(src + 8 * e * m, e);
+#pragma GCC unroll 8
+    for (int k = 0; k < R; k++) tc_store8(dst + k * bs, tc_gather(v, sd, t->idx[k]), e);
+}
+
+GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, int64_t bs, const tc_plan *t,
+                       const int e) {
+    __m256i v[GDN_MAX_WIDTH];
+#pragma GCC unroll 8
+    for (int k = 0; k < sd; k++) v[k] = k < R ? tc_load8(src + k * bs, e) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int m = 0; m < sd; m++) {
+        const __m256i r = tc_gather(v, R, t->idx[m]);
+        if (e == 4) _mm256_maskstore_epi32((int *)(dst + 32 * m), t->keep[m], r);
+        else tc_store8(dst + 16 * m, r, e);   /* sd == R: every lane is kept */
+    }
+}
+
 /* keeps the compiler from seeing through a register (see update_simd.h's simd_copy) */
 #define GDN_SIMD_OPAQUE(v) __asm__("" : "+v"(v))
 

@@ -184,6 +184,96 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 }
 #undef EACH
 
+/* ---- transposition of a time-contiguous state (update_simd.h's simd_kernel_tc) ----
+ * One 64-byte line of channels (32 16-bit or 16 fp32 lanes) at a time, raw bits. In:
+ * the line's block (element (k, j) at j*sd + k) is sd vectors, and row k takes lane j
+ * from element j*sd + k of them. Out: block vector m takes lane i from row k, channel j,
+ * where m*LINE + i = j*sd + k, and is stored with the lanes k < R only. Each gather is
+ * a two-source word or dword permute per pair of source vectors, merged by lane masks
+ * that the plan holds with the indices. */
+#define TC_LINE(e) (64 / (e))
+
+typedef struct {
+    __m512i idx[GDN_MAX_WIDTH];                 /* in: per row k; out: per block vector m */
+    uint32_t pick[GDN_MAX_WIDTH][GDN_MAX_WIDTH / 2];  /* lanes taken from source pair q */
+    uint32_t keep[GDN_MAX_WIDTH];               /* out: lanes stored */
+} tc_plan;
+
+GDN_INLINE __m512i tc_iota(const int e) {
+    return e == 2 ? _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16,
+                                     15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+                  : _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+}
+
+GDN_INLINE __m512i tc_set(int v, const int e) { return e == 2 ? _mm512_set1_epi16((short)v) : _mm512_set1_epi32(v); }
+GDN_INLINE __m512i tc_add(__m512i a, __m512i b, const int e) { return e == 2 ? _mm512_add_epi16(a, b) : _mm512_add_epi32(a, b); }
+GDN_INLINE __m512i tc_mul(__m512i a, __m512i b, const int e) { return e == 2 ? _mm512_mullo_epi16(a, b) : _mm512_mullo_epi32(a, b); }
+GDN_INLINE uint32_t tc_eq(__m512i a, int v, const int e) {
+    return e == 2 ? (uint32_t)_mm512_cmpeq_epi16_mask(a, tc_set(v, e)) : (uint32_t)_mm512_cmpeq_epi32_mask(a, tc_set(v, e));
+}
+/* source pair of a flat index: 2 vectors = 64 words or 32 dwords */
+GDN_INLINE __m512i tc_pair(__m512i idx, const int e) { return e == 2 ? _mm512_srli_epi16(idx, 6) : _mm512_srli_epi32(idx, 5); }
+
+GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
+    const __m512i base = tc_mul(tc_iota(e), tc_set(sd, e), e);
+    for (int k = 0; k < R; k++) {
+        t->idx[k] = tc_add(base, tc_set(k, e), e);
+        for (int q = 0; 2 * q < sd; q++) t->pick[k][q] = tc_eq(tc_pair(t->idx[k], e), q, e);
+    }
+}
+
+/* j = p / sd for p < 256, 2 <= sd <= 8: (p * ceil(2^16 / sd)) >> 16 is exact there */
+GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) {
+    const int line = TC_LINE(e), magic = (65536 + sd - 1) / sd;
+    for (int m = 0; m < sd; m++) {
+        const __m512i p = tc_add(tc_iota(e), tc_set(m * line, e), e);
+        const __m512i j = e == 2 ? _mm512_mulhi_epu16(p, _mm512_set1_epi16((short)magic))
+                                 : _mm512_srli_epi32(_mm512_mullo_epi32(p, _mm512_set1_epi32(magic)), 16);
+        const __m512i k = e == 2 ? _mm512_sub_epi16(p, _mm512_mullo_epi16(j, tc_set(sd, e)))
+                                 : _mm512_sub_epi32(p, _mm512_mullo_epi32(j, tc_set(sd, e)));
+        t->idx[m] = tc_add(tc_mul(k, tc_set(line, e), e), j, e);   /* row k, channel j */
+        t->keep[m] = 0;
+        for (int r = 0; r < R; r++) t->keep[m] |= tc_eq(k, r, e);
+        for (int q = 0; 2 * q < R; q++) t->pick[m][q] = tc_eq(tc_pair(t->idx[m], e), q, e);
+    }
+}
+
+GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { (void)sd, (void)R, (void)e; return 1; }
+
+/* lane i <- flat element idx_i of v[0..n-1] */
+GDN_INLINE __m512i tc_gather(const __m512i *v, const int n, __m512i idx, const uint32_t *pick, const int e) {
+    __m512i r = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int q = 0; 2 * q < n; q++) {
+        const __m512i hi = v[2 * q + 1 < n ? 2 * q + 1 : 2 * q];
+        r = e == 2 ? _mm512_mask_mov_epi16(r, pick[q], _mm512_permutex2var_epi16(v[2 * q], idx, hi))
+                   : _mm512_mask_mov_epi32(r, (__mmask16)pick[q], _mm512_permutex2var_epi32(v[2 * q], idx, hi));
+    }
+    return r;
+}
+
+GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, const int R, const tc_plan *t,
+                      const int e) {
+    __m512i v[GDN_MAX_WIDTH];
+#pragma GCC unroll 8
+    for (int m = 0; m < sd; m++) v[m] = _mm512_loadu_si512(src + 64 * m);
+#pragma GCC unroll 8
+    for (int k = 0; k < R; k++) _mm512_storeu_si512(dst + k * bs, tc_gather(v, sd, t->idx[k], t->pick[k], e));
+}
+
+GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, int64_t bs, const tc_plan *t,
+                       const int e) {
+    __m512i v[GDN_MAX_WIDTH];
+#pragma GCC unroll 8
+    for (int k = 0; k < sd; k++) v[k] = k < R ? _mm512_loadu_si512(src + k * bs) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int m = 0; m < sd; m++) {
+        const __m512i r = tc_gather(v, R, t->idx[m], t->pick[m], e);
+        if (e == 2) _mm512_mask_storeu_epi16(dst + 64 * m, t->keep[m], r);
+        else _mm512_mask_storeu_epi32(dst + 64 * m, (__mmask16)t->keep[m], r);
+    }
+}
+
 /* keeps the compiler from seeing through a register (see update_simd.h's simd_copy) */
 #define GDN_SIMD_OPAQUE(v) __asm__("" : "+v"(v))
 

@@ -59,6 +59,7 @@ int64_t gdn_update_bytes(const gdn_update_params *p) {
 typedef struct {
     const gdn_update_params *p;
     const gdn_isa *isa;
+    gdn_update_kernel_fn kernel; /* isa->update or isa->update_tc */
     int64_t blocks, per_unit;    /* channel blocks; requests per unit */
     int convert;                 /* each thread converts the weights once into its scratch */
 } update_run;
@@ -69,7 +70,7 @@ static void run_unit(const update_run *run, const gdn_update_params *p, int64_t 
     const int64_t c0 = (u % run->blocks) * GDN_BLOCK_CHANNELS, r0 = (u / run->blocks) * run->per_unit;
     const int64_t c1 = c0 + GDN_BLOCK_CHANNELS < p->dim ? c0 + GDN_BLOCK_CHANNELS : p->dim;
     const int64_t r1 = r0 + run->per_unit < p->batch ? r0 + run->per_unit : p->batch;
-    run->isa->update(p, r0, r1, c0, c1);
+    run->kernel(p, r0, r1, c0, c1);
     if (!p->zero_skipped) return;
     const int e = gdn_elsize(p->dtype);
     for (int64_t i = r0; i < r1; i++) {
@@ -117,12 +118,44 @@ static void run_range(void *ctx, int64_t u0, int64_t u1) {
  * 1 MiB (L2; D = 8192 with W = 4 takes 160 kB). */
 #define GDN_SCRATCH_MAX_FLOATS 262144
 
+/* The path of the calling thread's last call (gdn_update_last_path). */
+static GDN_THREAD_LOCAL const char *last_isa, *last_entry;
+
+int gdn_update_last_path(const char **isa, const char **entry) {
+    *isa = last_isa;
+    *entry = last_entry;
+    return last_isa ? 0 : -1;
+}
+
+/* The kernel entry for the call's strides: x and out must have unit channel stride
+ * (the Python layer copies a strided x); then a channel-contiguous conv_state takes the
+ * ISA's update, a time-contiguous one (time stride 1, or one row; channel stride >= L,
+ * so channels are whole and ascending) its update_tc; anything else the portable kernel. */
+static void pick_kernel(const gdn_update_params *p, update_run *run) {
+    const gdn_isa *active = gdn_isa_active();
+    const int xo_unit = p->x_stride_d == 1 && p->out_stride_d == 1;
+    const int64_t sd = p->state_stride_d;
+    if (xo_unit && sd == 1) {
+        run->isa = active;
+        run->kernel = active->update;
+        last_entry = "state-channel-contiguous";
+    } else if (xo_unit && active->update_tc && (p->state_stride_l == 1 || p->state_len == 1) &&
+               sd >= p->state_len && sd > 1) {
+        run->isa = active;
+        run->kernel = active->update_tc;
+        last_entry = "state-time-contiguous";
+    } else {
+        run->isa = gdn_isa_portable();
+        run->kernel = run->isa->update;
+        last_entry = "any-strides";
+    }
+    last_isa = run->isa->name;
+}
+
 void gdn_update_run(const gdn_update_params *p, int num_threads) {
     update_run run;
-    const int unit_stride = p->x_stride_d == 1 && p->out_stride_d == 1 && p->state_stride_d == 1;
     run.p = p;
-    /* channel strides other than 1 take the portable kernel */
-    run.isa = unit_stride ? gdn_isa_active() : gdn_isa_portable();
+    pick_kernel(p, &run);
     /* Requests per unit: the SIMD kernels are memory-bound at large batches and take
      * one, so a thread streams through one request's ~2T+L rows at a time, which the
      * hardware prefetchers follow (B=64, bf16: 862 against 1149 us with 8 requests

@@ -11,7 +11,9 @@
  *   st2_native(p, lo, hi)   optional (SIMD_ST2_NATIVE): store two vectors of dtype
  *                           GDN_BF16_NATIVE, lo then hi, exactly as two st_raw(from_f32)
  *   GDN_SIMD_OPAQUE(v)      an empty asm statement that keeps v in a register
- * and then defines its kernels as calls of simd_kernel() and simd_fill().
+ *   TC_LINE, tc_plan, tc_plan_in/out, tc_in/out, tc_out_ok: the transposition of a
+ *                           time-contiguous state (see simd_kernel_tc)
+ * and then defines its kernels as calls of simd_kernel(), simd_kernel_tc() and simd_fill().
  * Vectors of 128 bits or more (LANES >= 4 fp32 lanes): a line step takes up to four
  * vectors, one 64-byte line of x86 vectors or 16 channels of 128-bit ones.
  * Channels past the last whole line step of a block go to the shared scalar core. */
@@ -255,5 +257,103 @@ GDN_INLINE void simd_kernel(const gdn_update_params *p, int64_t r0, int64_t r1, 
         SIMD_UNIT_DTYPES(1)
     } else {
         SIMD_UNIT_DTYPES(0)
+    }
+}
+
+/* ---- time-contiguous conv_state ----
+ * conv_state[s, l, d] at l + d * sd (time stride 1, channel stride sd >= L): vLLM's
+ * DS layout (S, D, L) passed transposed (sd = L), transformers' (B, D, W) cache as
+ * [..., 1:] (sd = W), or padded. Per request and block, the rows the channel-contiguous
+ * kernel reads are transposed into a channel-contiguous copy of the block (rows
+ * GDN_BLOCK_CHANNELS elements apart, L1-resident), that kernel runs on the copy as on
+ * any state, and the rows it wrote are transposed back: the outputs and the state are
+ * those of the channel-contiguous call, bit for bit. The ISA header provides, for
+ * sd <= GDN_TC_MAX_SD, the register transposition of one 64-byte line of channels
+ * (TC_LINE(e) channels of e-byte elements, a tc_plan built once per block):
+ *   tc_plan_in(t, sd, R, e)   tc_in(dst, bs, src, sd, R, t, e): dst row k (dst + k*bs)
+ *                             <- src elements j*sd + k, k < R; reads src[0, TC_LINE*sd)
+ *   tc_plan_out(t, sd, R, e)  tc_out(dst, sd, R, src, bs, t, e): the inverse, writing
+ *                             only elements j*sd + k, k < R; tc_out_ok(sd, R, e) says
+ *                             whether it can (element loops otherwise). */
+#define GDN_TC_MAX_SD GDN_MAX_WIDTH
+#define GDN_TC_ROWS 16   /* state rows the copy holds on the stack; more are allocated */
+
+/* A switch on (sd, e) that runs F(SD, E) with both as constants, for 2 <= sd <= GDN_TC_MAX_SD. */
+#define TC_CASES(F, E)                                                                 \
+    case 2 * 8 + E: F(2, E); break;                                                    \
+    case 3 * 8 + E: F(3, E); break;                                                    \
+    case 4 * 8 + E: F(4, E); break;                                                    \
+    case 5 * 8 + E: F(5, E); break;                                                    \
+    case 6 * 8 + E: F(6, E); break;                                                    \
+    case 7 * 8 + E: F(7, E); break;                                                    \
+    case 8 * 8 + E: F(8, E); break;
+#define TC_SWITCH(sd, e, F) switch ((sd) * 8 + (e)) { TC_CASES(F, 2) TC_CASES(F, 4) default: break; }
+
+/* Rows [0, R) of channels [0, n) from st (element (k, c) at k + c*sd) to tmp rows bs
+ * bytes apart. room: channels from st's to the array's last, inclusive; a line is read
+ * whole only when a channel follows it, so no read passes the array's last element. */
+GDN_INLINE void tc_load(char *tmp, int64_t bs, const char *st, int64_t sd, int R, int64_t n, int64_t room,
+                        const int dt) {
+    const int e = gdn_elsize(dt), line = TC_LINE(e);
+    int64_t c = 0;
+    if (sd <= GDN_TC_MAX_SD) {
+        const int64_t nl = (n < room - 1 ? n : room - 1) / line * line;   /* whole lines read */
+        tc_plan t;
+        tc_plan_in(&t, (int)sd, R, e);
+#define TC_IN(SD, E) for (; c < nl; c += line) tc_in(tmp + E * c, bs, st + E * c * SD, SD, R, &t, E)
+        TC_SWITCH(sd, e, TC_IN)
+#undef TC_IN
+    }
+    for (; c < n; c++)
+        for (int k = 0; k < R; k++) gdn_store_raw(tmp + k * bs, c, gdn_load_raw(st, c * sd + k, dt), dt);
+}
+
+/* The inverse: tmp rows [0, R) of channels [0, n) to st; writes nothing else. */
+GDN_INLINE void tc_save(char *st, int64_t sd, int R, const char *tmp, int64_t bs, int64_t n, const int dt) {
+    const int e = gdn_elsize(dt), line = TC_LINE(e);
+    int64_t c = 0;
+    if (sd <= GDN_TC_MAX_SD && tc_out_ok((int)sd, R, e)) {
+        const int64_t nl = n / line * line;
+        tc_plan t;
+        tc_plan_out(&t, (int)sd, R, e);
+#define TC_OUT(SD, E) for (; c < nl; c += line) tc_out(st + E * c * SD, SD, R, tmp + E * c, bs, &t, E)
+        TC_SWITCH(sd, e, TC_OUT)
+#undef TC_OUT
+    }
+    for (; c < n; c++)
+        for (int k = 0; k < R; k++) gdn_store_raw(st, c * sd + k, gdn_load_raw(tmp + k * bs, c, dt), dt);
+}
+
+/* The kernel for a time-contiguous conv_state: kernel (the ISA's channel-contiguous
+ * one) on the transposed copy, request by request. The copy is the state of a call
+ * with one slot (stride 0) whose rows are GDN_BLOCK_CHANNELS elements apart. */
+GDN_INLINE void simd_kernel_tc(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                               gdn_update_kernel_fn kernel) {
+    const int dt = p->dtype, e = gdn_elsize(dt);
+    const int64_t sd = p->state_stride_d, W = p->width, H = W - 1, n = c1 - c0;
+    const int64_t bs = GDN_BLOCK_CHANNELS * e;
+    const int spec = p->num_accepted_tokens != NULL;
+    GDN_ALIGN64 char stack[GDN_TC_ROWS * GDN_BLOCK_CHANNELS * 4];
+    gdn_update_params q = *p;
+    q.state_stride_s = 0;
+    q.state_stride_l = GDN_BLOCK_CHANNELS;
+    q.state_stride_d = 1;
+    for (int64_t i = r0; i < r1; i++) {
+        const gdn_request r = gdn_get_request(p, i);
+        if (r.skip) continue;
+        const int64_t nout = spec ? W - 2 + r.T : H;           /* rows the roll writes */
+        const int64_t rows = r.off + H > nout ? r.off + H : nout;
+        char *tmp = rows <= GDN_TC_ROWS ? stack : (char *)malloc((size_t)(rows * bs));
+        if (!tmp) {   /* no memory for a long speculative request: the portable core */
+            gdn_update_scalar_range(p, &r, 1, c0, c1);
+            continue;
+        }
+        char *st = r.state + e * c0 * sd;                        /* [D, L] at channel c0 */
+        tc_load(tmp + r.off * bs, bs, st + e * r.off, sd, (int)H, n, p->dim - c0, dt);
+        /* the copy's channel c0 is tmp (the kernel adds c0 to the state pointer) */
+        q.conv_state = (void *)((uintptr_t)tmp - (uintptr_t)(e * c0));
+        kernel(&q, i, i + 1, c0, c1);
+        tc_save(st, sd, (int)nout, tmp, bs, n, dt);
+        if (tmp != stack) free(tmp);
     }
 }

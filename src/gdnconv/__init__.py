@@ -21,6 +21,7 @@ from ._core import (  # noqa: E402
     conv_update_multi,
     cpu_features,
     get_num_threads,
+    last_path,
     pack_weight,
     prefill_bytes_moved,
     set_isa,
@@ -31,7 +32,7 @@ from ._core import (  # noqa: E402
 __all__ = [
     "conv_update_multi", "conv_prefill", "pack_weight", "bytes_moved", "prefill_bytes_moved",
     "set_num_threads", "get_num_threads", "thread_contention",
-    "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa", "__version__",
+    "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa", "last_path", "__version__",
 ]
 
 

@@ -46,6 +46,7 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
                             int64_t *bad_value)
     int64_t gdn_update_bytes(const gdn_update_params *p)
     void gdn_update_run(const gdn_update_params *p, int num_threads)
+    int gdn_update_last_path(const char **isa, const char **entry)
     ctypedef struct gdn_prefill_params:
         gdn_update_params conv
         const uint8_t *has_initial_state

@@ -248,6 +248,27 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
     return out
 
 
+def last_path():
+    """The kernel path the last ``conv_update_multi`` call on this thread took, as
+    ``"<isa>:<entry>"`` (per thread: calls on other threads do not change it), or None
+    before this thread's first call. For tests and debugging.
+
+    ``<isa>`` is the kernel's ISA name (``"scalar"`` for the portable kernel);
+    ``<entry>`` is ``"state-channel-contiguous"`` (``conv_state`` with unit channel
+    stride), ``"state-time-contiguous"`` (time stride 1 and channel stride >= L: vLLM's
+    DS layout or transformers' cache view, transposed in registers) or
+    ``"any-strides"`` (the portable kernel, for any other strides). ``x`` and ``out``
+    need unit channel stride for a SIMD entry (a strided ``x`` is copied first).
+    Within a SIMD entry the channels past the last whole 64-byte line of each block of
+    256 channels run the portable core.
+    """
+    cdef const char *isa = NULL
+    cdef const char *entry = NULL
+    if gdn_update_last_path(&isa, &entry) != 0:
+        return None
+    return f"{isa.decode()}:{entry.decode()}"
+
+
 def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_indices=None,
                 query_start_loc=None, pad_slot_id=-1):
     """Bytes the performance model counts for this call (int), for benchmarks.

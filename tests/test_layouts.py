@@ -1,0 +1,136 @@
+"""The conv state in other memory layouts: the same call on a channel-contiguous state,
+a time-contiguous one (vLLM's DS layout ``(S, D, L)`` passed transposed, padded channel
+strides, transformers' ``(B, D, W)`` cache as ``[..., 1:]``) gives the same outputs and
+states bit for bit on every ISA, within the reference's tolerance, writes nothing
+outside the view, and runs the ISA's SIMD entry (``gdnconv.last_path``)."""
+import threading
+
+import numpy as np
+import pytest
+from conftest import DTYPES, reference, skipped_rows
+
+import gdnconv
+from gdnconv.testing import assert_bits_equal, assert_outputs_close, bits
+
+# layout -> (extra columns before, after the L time columns of each channel)
+LAYOUTS = {"ds": (0, 0), "hf": (1, 0), "pad": (2, 3), "wide": (0, 9)}
+
+
+def time_contiguous(values, layout):
+    """(memory, view): ``values`` ((S, L, D)) in a (S, D, before + L + after) buffer of
+    recognisable garbage, and the (S, L, D) view of it gdnconv is passed."""
+    before, after = LAYOUTS[layout]
+    S, L, D = values.shape
+    mem = np.arange(S * D * (before + L + after), dtype=np.uint32).astype(np.uint16)
+    with np.errstate(invalid="ignore"):   # NaN garbage
+        mem = (mem | 0x7c01).view(np.float16).astype(values.dtype).reshape(S, D, before + L + after)
+    mem[..., before:before + L] = values.transpose(0, 2, 1)
+    return mem, mem[..., before:before + L].transpose(0, 2, 1)
+
+
+def make(rng, dtype, W, D, mode, B=4, T=3):
+    dt = DTYPES[dtype]
+    L = W - 1 if mode == "plain" else W - 2 + T + 1
+    S = B + 2
+    kw = dict(conv_state_indices=np.array([4, -1, 0, 2][:B], np.int32), activation="silu")
+    if mode == "varlen":
+        qsl = np.array([0, 3, 3, 4, 6], np.int32)
+        x = rng.standard_normal((6, D)).astype(dt)
+        kw.update(query_start_loc=qsl, num_accepted_tokens=rng.integers(1, L - W + 3, B).astype(np.int32))
+    else:
+        x = rng.standard_normal((B, T, D)).astype(dt)
+        if mode == "spec":
+            kw["num_accepted_tokens"] = rng.integers(1, L - W + 3, B).astype(np.int32)
+    w = (rng.standard_normal((D, W)) / np.sqrt(W)).astype(dt)
+    b = rng.standard_normal(D).astype(dt)
+    return x, rng.standard_normal((S, L, D)).astype(dt), w, b, kw
+
+
+def _simd_entry(isa, layout_kind):
+    return f"{isa}:{layout_kind}" if isa != "scalar" else "scalar:" + (
+        "state-channel-contiguous" if layout_kind == "state-channel-contiguous" else "any-strides")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("W", range(2, 9))
+@pytest.mark.parametrize("mode", ["plain", "spec", "varlen"])
+def test_time_contiguous_matches_channel_contiguous(isa, rng, dtype, W, mode):
+    """D = 300: a block of 256 channels and a tail that is no whole vector line."""
+    x, values, w, b, kw = make(rng, dtype, W, 300, mode)
+    st_sd = values.copy()
+    out_sd = gdnconv.conv_update_multi(x, st_sd, w, b, **kw)
+    assert gdnconv.last_path() == _simd_entry(isa, "state-channel-contiguous")
+    ref_out, ref_state, mag = reference(x, values, w, b, **kw)
+    rows = ~skipped_rows(x.shape, kw["conv_state_indices"], kw.get("query_start_loc"))
+    assert_outputs_close(out_sd, ref_out, mag, out_sd.dtype, silu=True, rows=rows)
+    assert_bits_equal(st_sd, ref_state, "channel-contiguous conv_state")
+    for layout, (before, after) in LAYOUTS.items():
+        mem, st = time_contiguous(values, layout)
+        outside = bits(mem).copy()
+        out = gdnconv.conv_update_multi(x, st, w, b, **kw)
+        dense = layout == "ds" and values.shape[1] == 1   # one row: channel stride 1
+        assert gdnconv.last_path() == _simd_entry(
+            isa, "state-channel-contiguous" if dense else "state-time-contiguous"), layout
+        assert np.array_equal(bits(out), bits(out_sd)), f"{layout}: out differs from the channel-contiguous call"
+        assert_bits_equal(np.ascontiguousarray(st), st_sd, f"{layout} conv_state")
+        L = values.shape[1]
+        for cols in (slice(0, before), slice(before + L, before + L + after)):
+            assert np.array_equal(bits(mem)[..., cols], outside[..., cols]), f"{layout}: wrote outside the view"
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("D", [16, 31, 32, 33, 64, 255, 257, 520])
+def test_channel_tails_and_array_end(isa, rng, dtype, D):
+    """D around the line sizes (16 fp32 / 32 16-bit channels, 8 on avx2): the last line
+    of the array and the block tail take the element loops; the state's memory ends at
+    the view's last element (ds), so no read may pass it."""
+    x, values, w, b, kw = make(rng, dtype, 4, D, "spec")
+    st_sd = values.copy()
+    out_sd = gdnconv.conv_update_multi(x, st_sd, w, b, **kw)
+    for layout in ("ds", "hf"):
+        _, st = time_contiguous(values, layout)
+        out = gdnconv.conv_update_multi(x, st, w, b, **kw)
+        assert np.array_equal(bits(out), bits(out_sd)), layout
+        assert_bits_equal(np.ascontiguousarray(st), st_sd, layout)
+
+
+def test_transformers_cache_view(isa, rng):
+    """transformers' (B, D, W) cache, bf16, plain decode: the view [..., 1:] (channel stride
+    W) runs the SIMD entry and leaves column 0 alone."""
+    torch = pytest.importorskip("torch")
+    B, D, W = 3, 1000, 4
+    cache = torch.randn(B, D, W, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    x = torch.randn(B, 1, D).to(torch.bfloat16)
+    w = torch.randn(D, W).to(torch.bfloat16)
+    st_sd = cache[..., 1:].transpose(1, 2).contiguous()
+    out_sd = gdnconv.conv_update_multi(x, st_sd, w)
+    col0 = cache[..., 0].clone()
+    out = gdnconv.conv_update_multi(x, cache[..., 1:].transpose(1, 2), w)
+    assert gdnconv.last_path() == _simd_entry(isa, "state-time-contiguous")
+    assert torch.equal(out.view(torch.int16), out_sd.view(torch.int16))
+    assert torch.equal(cache[..., 1:].transpose(1, 2).contiguous().view(torch.int16), st_sd.view(torch.int16))
+    assert torch.equal(cache[..., 0].view(torch.int16), col0.view(torch.int16))
+
+
+def test_other_strides_take_the_portable_kernel(rng):
+    """A state whose channels are neither contiguous nor time-contiguous (time stride 2),
+    or an out with strided channels, runs the portable kernel and is still right."""
+    x, values, w, b, kw = make(rng, "fp32", 4, 40, "plain")
+    mem = np.zeros((values.shape[0], 40, 2 * values.shape[1]), np.float32)
+    mem[..., ::2] = values.transpose(0, 2, 1)
+    st = mem[..., ::2].transpose(0, 2, 1)
+    gdnconv.conv_update_multi(x, st, w, b, **kw)
+    assert gdnconv.last_path() == "scalar:any-strides"
+    _, ref_state, _ = reference(x, values, w, b, **kw)
+    assert_bits_equal(np.ascontiguousarray(st), ref_state, "conv_state")
+
+
+def test_last_path_is_per_thread(rng):
+    x, values, w, b, kw = make(rng, "fp32", 4, 40, "plain")
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(gdnconv.last_path()))
+    gdnconv.conv_update_multi(x, values.copy(), w, b, **kw)
+    t.start()
+    t.join()
+    assert seen == [None]
+    assert gdnconv.last_path().endswith(":state-channel-contiguous")
