@@ -1,23 +1,32 @@
 /* Times gdn_update_run itself, without Python: one bf16 configuration (D channels, W=4, T=4,
- * spec mode, L=6, num_accepted_tokens in 1..3), prints the best and the median of 7
- * repeats in microseconds per call. For A/B runs of kernel changes, where the
- * Python benchmarks' fixed cost and the VM's noise hide a few percent: build one
- * binary per tree and run them in alternation, e.g. 7-11 rounds, comparing medians.
+ * spec mode, L=6, num_accepted_tokens in 1..3), against a memcpy of the same byte count
+ * (gdn_update_bytes), interleaved; prints the best and the median of 11 samples in
+ * microseconds per call and the median ratio kernel / copy. For A/B runs of kernel
+ * changes, where the Python benchmarks' fixed cost and the VM's noise hide a few
+ * percent: build one binary per tree and run them in alternation, e.g. 7-11 rounds,
+ * comparing medians.
  *
  *   gcc -O3 -fno-math-errno -fno-trapping-math -fopenmp -Iinclude -Isrc/csrc \
  *       benchmarks/bench_kernel.c src/csrc/*.c \
  *       -o /tmp/bench_kernel
- *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw] [identity|perm]
+ *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm]
  *
  * packed: fp32 tap-major weights (gdnconv.pack_weight's layout); raw: bf16 (D, W)
  * weights, converted once per thread into the C side's per-thread scratch. identity: request
- * i uses slot i; perm: slots in a random permutation (as benchmarks/bench.py). */
+ * i uses slot i; perm: slots in a random permutation (as benchmarks/bench.py). cold (the
+ * default, as benchmarks/harness.py): each call goes to the next of enough layers'
+ * separate x, out, state and weights to hold 4x the last-level cache, and the copy
+ * to the next of its own buffer pairs, so every call finds its data evicted; warm:
+ * repeated calls on the same arrays. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gdnconv/gdnconv.h"
+
+#define SAMPLES 11
 
 static double now(void) {
     struct timespec t;
@@ -30,9 +39,37 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static double median(const double *v, int n) {
+    double s[SAMPLES];
+    memcpy(s, v, n * sizeof *v);
+    qsort(s, n, sizeof s[0], cmp);
+    return s[n / 2];
+}
+
+/* the last-level cache in bytes (glibc's sysconf), 32 MiB where unknown */
+static int64_t llc_bytes(void) {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l3 > 0 ? l3 : l2 > 0 ? l2 : 32 << 20;
+}
+
+static int64_t layers_for(int cold, int64_t bytes) {
+    const int64_t n = (4 * llc_bytes() + bytes - 1) / bytes;
+    return !cold ? 1 : n < 2 ? 2 : n;
+}
+
+static void *alloc(int64_t bytes) {
+    void *q = aligned_alloc(4096, (size_t)((bytes + 4095) / 4096 * 4096));
+    if (!q) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    return q;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm]\n", argv[0]);
+        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm]\n",
+                argv[0]);
         return 2;
     }
     const int64_t B = atol(argv[1]), D = atol(argv[2]), T = 4, L = 6, W = 4;
@@ -44,20 +81,14 @@ int main(int argc, char **argv) {
     }
     const int raw = argc > 6 && strcmp(argv[6], "raw") == 0;
     const int perm = argc > 7 && strcmp(argv[7], "perm") == 0;
+    const int cold = !(argc > 8 && strcmp(argv[8], "warm") == 0);
     if (B < 1 || D < 1 || threads < 1) {
         fprintf(stderr, "B, D and threads must be positive\n");
         return 2;
     }
 
-    uint16_t *x = malloc(B * T * D * 2), *out = malloc(B * T * D * 2), *st = malloc(B * L * D * 2);
-    uint16_t *wraw = malloc(D * W * 2);
-    float *wpacked = malloc(W * D * 4);
     int32_t *nat = malloc(B * 4), *slots = malloc(B * 4);
     srand(1);
-    for (int64_t i = 0; i < B * T * D; i++) x[i] = (uint16_t)(0x3f80 + i % 37);   /* bf16 around 1 */
-    for (int64_t i = 0; i < B * L * D; i++) st[i] = (uint16_t)(0x3f00 + i % 41);
-    for (int64_t i = 0; i < D * W; i++) wraw[i] = (uint16_t)(0x3e00 + i % 29);
-    for (int64_t i = 0; i < W * D; i++) wpacked[i] = 0.1f * (float)(i % 7) - 0.3f;
     for (int64_t i = 0; i < B; i++) slots[i] = (int32_t)i, nat[i] = 1 + rand() % 3;
     if (perm)
         for (int64_t i = B - 1; i > 0; i--) {
@@ -67,33 +98,60 @@ int main(int argc, char **argv) {
             slots[j] = s;
         }
 
-    gdn_update_params p;
-    memset(&p, 0, sizeof p);
-    p.batch = B, p.dim = D, p.width = W, p.state_len = L, p.num_slots = B, p.seqlen = T, p.pad_slot_id = -1;
-    p.dtype = GDN_BF16, p.silu = silu;
-    p.x = x, p.x_stride_b = T * D, p.x_stride_t = D, p.x_stride_d = 1;
-    p.out = out, p.out_stride_b = T * D, p.out_stride_t = D, p.out_stride_d = 1;
-    p.conv_state = st, p.state_stride_s = L * D, p.state_stride_l = D, p.state_stride_d = 1;
-    p.num_accepted_tokens = nat, p.conv_state_indices = slots;
-    if (raw) {
-        p.weight = wraw, p.weight_dtype = GDN_BF16, p.weight_stride_d = W, p.weight_stride_w = 1;
-        /* (the per-thread conversion scratch is the C side's own: threads.c) */
-    } else {
-        p.weight = wpacked, p.weight_dtype = GDN_F32, p.weight_stride_d = 1, p.weight_stride_w = D;
+    const int64_t layer_bytes = (2 * B * T + B * L) * D * 2 + (raw ? D * W * 2 : W * D * 4);
+    const int64_t nl = layers_for(cold, layer_bytes);
+    gdn_update_params *ps = calloc((size_t)nl, sizeof *ps);
+    for (int64_t l = 0; l < nl; l++) {
+        uint16_t *x = alloc(B * T * D * 2), *out = alloc(B * T * D * 2), *st = alloc(B * L * D * 2);
+        for (int64_t i = 0; i < B * T * D; i++) x[i] = (uint16_t)(0x3f80 + i % 37), out[i] = 0;   /* bf16 ~1 */
+        for (int64_t i = 0; i < B * L * D; i++) st[i] = (uint16_t)(0x3f00 + i % 41);
+        gdn_update_params *p = &ps[l];
+        p->batch = B, p->dim = D, p->width = W, p->state_len = L, p->num_slots = B, p->seqlen = T;
+        p->pad_slot_id = -1, p->dtype = GDN_BF16, p->silu = silu;
+        p->x = x, p->x_stride_b = T * D, p->x_stride_t = D, p->x_stride_d = 1;
+        p->out = out, p->out_stride_b = T * D, p->out_stride_t = D, p->out_stride_d = 1;
+        p->conv_state = st, p->state_stride_s = L * D, p->state_stride_l = D, p->state_stride_d = 1;
+        p->num_accepted_tokens = nat, p->conv_state_indices = slots;
+        if (raw) {
+            uint16_t *w = alloc(D * W * 2);
+            for (int64_t i = 0; i < D * W; i++) w[i] = (uint16_t)(0x3e00 + i % 29);
+            p->weight = w, p->weight_dtype = GDN_BF16, p->weight_stride_d = W, p->weight_stride_w = 1;
+            /* (the per-thread conversion scratch is the C side's own: threads.c) */
+        } else {
+            float *w = alloc(W * D * 4);
+            for (int64_t i = 0; i < W * D; i++) w[i] = 0.1f * (float)(i % 7) - 0.3f;
+            p->weight = w, p->weight_dtype = GDN_F32, p->weight_stride_d = 1, p->weight_stride_w = D;
+        }
+        int64_t bad_i, bad_v;
+        if (gdn_update_validate(p, B * T, &bad_i, &bad_v) != GDN_OK) return 1;
     }
-    int64_t bad_i, bad_v;
-    if (gdn_update_validate(&p, B * T, &bad_i, &bad_v) != GDN_OK) return 1;
+    /* the yardstick: a copy of the kernel's byte count, rotating through its own buffer pairs */
+    const int64_t bytes = gdn_update_bytes(&ps[0]), nc = layers_for(cold, 2 * bytes);
+    char **src = malloc(nc * sizeof *src), **dst = malloc(nc * sizeof *dst);
+    for (int64_t l = 0; l < nc; l++) {
+        src[l] = alloc(bytes), dst[l] = alloc(bytes);
+        memset(src[l], 1, (size_t)bytes), memset(dst[l], 0, (size_t)bytes);
+    }
 
-    const long calls = (long)(2e8 / (double)(B * D * T)) + 10;   /* ~0.1 s per repeat */
-    double us[7];
-    for (int k = 0; k < 7; k++) {
-        const double t0 = now();
-        for (long c = 0; c < calls; c++) gdn_update_run(&p, threads);
+    const long calls = (long)(1e8 / (double)(B * D * T)) + 10;   /* ~0.05 s per sample */
+    double us[SAMPLES], cu[SAMPLES], ratio[SAMPLES];
+    int64_t l = 0, m = 0;
+    gdn_update_run(&ps[0], threads);   /* wakes the thread pool */
+    for (int k = 0; k < SAMPLES; k++) {
+        double t0 = now();
+        for (long c = 0; c < calls; c++, l = l + 1 == nl ? 0 : l + 1) gdn_update_run(&ps[l], threads);
         us[k] = (now() - t0) / calls * 1e6;
+        t0 = now();
+        for (long c = 0; c < calls; c++, m = m + 1 == nc ? 0 : m + 1) memcpy(dst[m], src[m], (size_t)bytes);
+        cu[k] = (now() - t0) / calls * 1e6;
+        ratio[k] = us[k] / cu[k];
     }
-    qsort(us, 7, sizeof us[0], cmp);
-    printf("B=%ld D=%ld %s threads=%d isa=%s %s %s: best %.2f median %.2f us/call\n", (long)B, (long)D,
-           silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed", perm ? "perm" : "identity",
-           us[0], us[3]);
+    double best = us[0];
+    for (int k = 1; k < SAMPLES; k++) best = us[k] < best ? us[k] : best;
+    printf("B=%ld D=%ld %s threads=%d isa=%s %s %s %s (layers %ld): best %.2f median %.2f us/call; "
+           "copy %.2f us; kernel/copy %.2f\n",
+           (long)B, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
+           perm ? "perm" : "identity", cold ? "cold" : "warm", (long)nl, best, median(us, SAMPLES),
+           median(cu, SAMPLES), median(ratio, SAMPLES));
     return 0;
 }
