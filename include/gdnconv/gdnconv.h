@@ -148,7 +148,8 @@ int gdn_prefill_validate(const gdn_prefill_params *p, int64_t num_tokens, int64_
  * written, when conv_state is given]) plus D * W weight elements. */
 int64_t gdn_prefill_bytes(const gdn_prefill_params *p);
 
-/* Run the whole call on up to num_threads threads; call gdn_prefill_validate first.
+/* Run the whole call on num_threads threads (< 0: a default call on up to -num_threads,
+ * as gdn_update_run takes it); call gdn_prefill_validate first.
  * Returns GDN_OK, or GDN_ERR_NO_MEMORY (nothing written) when the weight conversion
  * has no memory. */
 int gdn_prefill_run(const gdn_prefill_params *p, int num_threads);

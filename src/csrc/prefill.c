@@ -137,7 +137,8 @@ int gdn_prefill_run(const gdn_prefill_params *pp, int num_threads) {
         run.b = scratch + W * D;
     }
     const int64_t chunks = (run.rows + GDN_PREFILL_CHUNK - 1) / GDN_PREFILL_CHUNK;
-    run.block = chunks >= (int64_t)GDN_PREFILL_CHUNKS_PER_THREAD * num_threads ? D : GDN_BLOCK_CHANNELS;
+    const int64_t most = num_threads < 0 ? -(int64_t)num_threads : num_threads;   /* < 0: a default call */
+    run.block = chunks >= GDN_PREFILL_CHUNKS_PER_THREAD * most ? D : GDN_BLOCK_CHANNELS;
     run.nblocks = (D + run.block - 1) / run.block;
     const int64_t units = chunks * run.nblocks;
     gdn_parallel_for(gdn_threads_for(num_threads, units, gdn_prefill_bytes(pp)), units, run_range, &run);

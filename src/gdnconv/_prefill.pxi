@@ -225,7 +225,9 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
         pad_slot_id: slot value that marks padding (default -1).
         out: optional array of ``x``'s shape and dtype, any strides; may be ``x``
             itself (``x`` is then read from a temporary copy).
-        num_threads: threads for this call (default ``get_num_threads()``). Long
+        num_threads: threads for this call, used as asked. Default:
+            ``get_num_threads()``, fewer while calls on this thread wait for threads
+            the scheduler parked (see ``thread_contention()``). Long
             prompts are split along time, so one prompt uses every thread; the results
             do not depend on the thread count, bit for bit; small calls run on the
             calling thread.
@@ -248,7 +250,7 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
         Nothing is written when an exception is raised.
     """
     cdef _Prefill c = _Prefill()
-    cdef int nthreads = _num_threads if num_threads is None else _check_threads(num_threads, "num_threads")
+    cdef int nthreads = _call_threads(num_threads)
     cdef int rc
     # convert first: user code (__array__) must not run once pointers are taken
     x = _input_array(x, "x")
