@@ -6,7 +6,7 @@ pool of conv-state slots. Each step every live request feeds its last verified t
 with probability --accept-rate while the previous ones were, and the count accepted is
 the next step's num_accepted_tokens. Requests finish and new ones join: a freed slot is
 zeroed and reused, and an empty batch position is passed with pad_slot_id. With
---prompt-len P a joining request first prefills a prompt of 1..P tokens (one varlen
+--prompt-len P (default 128) a joining request first prefills a prompt of 1..P tokens (one varlen
 conv_prefill call per step for all joiners; the slot is not zeroed and
 has_initial_state is false, so its stale content must not be read).
 
@@ -410,9 +410,9 @@ def add_arguments(parser):
                         help="mean request lifetime in steps (default: steps/8, within 4..64)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the workload and the random data (default: %(default)s)")
-    parser.add_argument("--prompt-len", type=int, default=0,
+    parser.add_argument("--prompt-len", type=int, default=128,
                         help="joining requests first prefill a prompt of 1..N tokens through conv_prefill "
-                             "(default 0: they start from a zeroed slot)")
+                             "(default %(default)s; 0: they start from a zeroed slot)")
     parser.add_argument("--threads", type=int, default=None, help="kernel threads (default: gdnconv's default)")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                         help="verify every output against the float64 reference (between timed steps, so the timed "
