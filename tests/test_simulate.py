@@ -19,16 +19,24 @@ def _run(capsys, *extra):
     return rc, json.loads(capsys.readouterr().out)
 
 
-def test_tiny_passes_within_tolerance(capsys):
+@pytest.mark.parametrize("prompt_len", [None, "0"])
+def test_tiny_passes_within_tolerance(capsys, prompt_len):
+    """The default run (joining requests prefill a prompt into a reused, unzeroed slot)
+    and --prompt-len 0 (they start from a zeroed slot) pass the check."""
     pytest.importorskip("torch")
-    rc, r = _run(capsys)
+    rc, r = _run(capsys, *(["--prompt-len", prompt_len] if prompt_len else []))
     assert rc == 0 and r["ok"]
     check = r["check"]
     assert check["steps"] == 40 and check["outputs"] == r["workload"]["live_tokens"] * r["config"]["dim"]
     assert 0.0 < check["max_error_ratio"] <= 1.0
     assert check["pad_rows_untouched"] and check["torch_state_match"]
-    assert r["workload"]["slot_resets"] > r["config"]["batch"]      # slots were reused
     assert r["workload"]["pad_entries"] > 0
+    if prompt_len is None:      # the prefill phase is on by default; slots are reused unzeroed
+        assert r["config"]["prompt_len"] == 128 and r["workload"]["slot_resets"] == 0
+        assert r["prefill"]["calls"] > 0 and r["workload"]["requests"] > r["config"]["batch"]
+        assert 0.0 < check["prefill"]["max_error_ratio"] <= 1.0
+    else:
+        assert r["workload"]["slot_resets"] > r["config"]["batch"]      # slots were zeroed and reused
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
