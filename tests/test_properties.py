@@ -178,8 +178,8 @@ def test_adaptive_team_halves_after_two_slow_of_four_and_probes_with_backoff(fre
     assert step(2, False, t + 0.070) == 1
     assert step(2, False, t + 0.073) == 2         # probe, fast: full team again, backoff 20 ms
     state = gdnconv.thread_contention()
-    assert (state["threads"], state["probes"], state["reductions"], state["slow_calls"]) == (
-        gdnconv.get_num_threads(), 3, 1, 5)
+    assert (state["threads"], state["probes"], state["reductions"], state["slow_calls"], state["capped_calls"]) == (
+        gdnconv.get_num_threads(), 3, 1, 5, 4)
     t += 1.0
     assert step(2, True, t) == 2 and step(2, True, t) == 2
     assert step(2, False, t + 0.019) == 1         # the halved backoff: 20 ms
@@ -198,6 +198,7 @@ def test_adaptive_team_halves_step_by_step_on_many_threads(fresh_adaptive_state)
     assert step(8, False, t + 0.022) == 8         # it restores all 8
     assert step(1, True, t + 0.031) == 1          # one-thread calls are not recorded
     assert gdnconv.thread_contention()["slow_calls"] == 4
+    assert gdnconv.thread_contention()["capped_calls"] == 5   # held at 4, 4, 2, 2 (of 3), 4
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])

@@ -86,7 +86,7 @@ int gdn_num_procs(void) {
 #define GDN_THREAD_LOCAL _Thread_local
 #endif
 
-static GDN_THREAD_LOCAL gdn_adapt_state adapt = {GDN_NO_CAP, 0, 1, 0.0, GDN_BACKOFF_MIN, 0, 0, 0};
+static GDN_THREAD_LOCAL gdn_adapt_state adapt = {GDN_NO_CAP, 0, 1, 0.0, GDN_BACKOFF_MIN, 0, 0, 0, 0};
 
 static int popcount4(unsigned h) { return (int)((h & 1) + ((h >> 1) & 1) + ((h >> 2) & 1) + ((h >> 3) & 1)); }
 
@@ -94,6 +94,7 @@ static int popcount4(unsigned h) { return (int)((h & 1) + ((h >> 1) & 1) + ((h >
 static int adapt_team(int n, double now) {
     if (n <= adapt.cap) return n;
     if (now >= adapt.retry_at) return adapt.cap * 2 < n ? adapt.cap * 2 : n;   /* probe */
+    adapt.capped_calls++;
     return adapt.cap;
 }
 

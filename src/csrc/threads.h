@@ -28,14 +28,15 @@ void gdn_parallel_for(gdn_team team, int64_t units, gdn_range_fn fn, void *ctx);
 /* The calling thread's adaptive state: the team cap of its default calls
  * (GDN_NO_CAP: none), the last four team calls at that cap (bit 0 the latest, 1 =
  * slow), when the next probe may run and the backoff after a slow one (seconds on
- * omp_get_wtime's clock), counters, and the team of its last call. */
+ * omp_get_wtime's clock), counters (capped_calls: default calls that ran on fewer
+ * threads than they would have without the cap), and the team of its last call. */
 #define GDN_NO_CAP 0x7fffffff
 typedef struct {
     int cap;
     unsigned history;
     int last_threads;
     double retry_at, backoff;
-    int64_t slow_calls, probes, reductions;
+    int64_t slow_calls, probes, reductions, capped_calls;
 } gdn_adapt_state;
 
 gdn_adapt_state gdn_adapt_get(void);

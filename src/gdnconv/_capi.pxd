@@ -63,7 +63,7 @@ cdef extern from "threads.h" nogil:
         unsigned history
         int last_threads
         double retry_at, backoff
-        int64_t slow_calls, probes, reductions
+        int64_t slow_calls, probes, reductions, capped_calls
     gdn_adapt_state gdn_adapt_get()
     void gdn_adapt_set(gdn_adapt_state s)
     int gdn_adapt_step(int n, int slow, double now)

@@ -69,8 +69,9 @@ def thread_contention():
     of this thread use half the team, and after a backoff of 10 ms to 1 s one call
     tries the larger team again. Keys: ``threads`` (the most a default call of this
     thread uses now), ``last_call_threads`` (the team of this thread's last call,
-    explicit or not), ``slow_calls``, ``reductions`` and ``probes`` (counts since the
-    thread's first call), ``retry_in_s`` (seconds until the next try of a larger team,
+    explicit or not), ``slow_calls``, ``reductions``, ``probes`` and ``capped_calls``
+    (default calls that ran on fewer threads than they would have without the cap;
+    counts since the thread's first call), ``retry_in_s`` (seconds until the next try of a larger team,
     0 when none is pending).
     """
     cdef gdn_adapt_state s = gdn_adapt_get()
@@ -78,6 +79,7 @@ def thread_contention():
     reduced = s.cap != GDN_NO_CAP and s.cap < limit
     return {"threads": s.cap if reduced else limit, "last_call_threads": s.last_threads,
             "slow_calls": s.slow_calls, "reductions": s.reductions, "probes": s.probes,
+            "capped_calls": s.capped_calls,
             "retry_in_s": max(0.0, s.retry_at - gdn_adapt_now()) if reduced else 0.0}
 
 
@@ -88,7 +90,7 @@ def _hold_threads(cap, seconds):
     cdef gdn_adapt_state s = gdn_adapt_get()
     if cap is None:
         s.cap, s.history, s.retry_at, s.backoff = GDN_NO_CAP, 0, 0.0, 0.01
-        s.slow_calls = s.probes = s.reductions = 0
+        s.slow_calls = s.probes = s.reductions = s.capped_calls = 0
     else:
         s.cap, s.history, s.retry_at = int(cap), 0, gdn_adapt_now() + float(seconds)
     gdn_adapt_set(s)

@@ -35,8 +35,10 @@ def format_report(r):
         lines.append(f"prefill    : {_si(pf['tokens_per_s'])} prompt tokens/s, {pf['tokens']} tokens in "
                      f"{pf['calls']} conv_prefill calls (prompts of 1..{c['prompt_len']}), "
                      f"call median {pf['median_us']:.1f} us")
-    if g.get("team_reductions"):
-        lines.append(f"threads    : calls waited for a parked thread; fewer threads {g['team_reductions']} time(s) "
+    if g.get("team_slow_calls") or g.get("team_capped_calls"):
+        lines.append(f"threads    : {g['team_slow_calls']} team call(s) slower than one thread (a thread started "
+                     f"late); team halved {g['team_reductions']} time(s); {g['team_capped_calls']} of "
+                     f"{c['steps'] + (pf['calls'] if pf else 0)} timed calls ran on fewer threads "
                      f"(gdnconv.thread_contention())")
     cond = r["conditions"].split(":")[0]
     t = r["torch"]

@@ -331,7 +331,10 @@ def simulate(args):
     gd = _stats(ns, live)
     gd["gb_per_s"] = float(nbytes.sum() / (ns.sum() * 1e-9) / 1e9) if ns.sum() else 0.0
     gd["others_pct"] = others
-    gd["team_reductions"] = after["reductions"] - before["reductions"]   # default threads: times on fewer
+    # default threads: team calls slower than one thread, times the team was halved, and
+    # calls (decode and prefill) that then ran on fewer threads until a probe restored it
+    for key in ("slow_calls", "reductions", "capped_calls"):
+        gd["team_" + key] = after[key] - before[key]
     result["gdnconv"] = gd
     result["prefill"] = None
     if p_tokens.any():
