@@ -1,7 +1,8 @@
 /* The prefill's SIMD loop structure shared by the ISA kernels; included by
  * prefill_<isa>.c after its simd_<isa>.h, with the primitives update_simd.h lists
  * (V, R, LANES, ld_raw, st_raw, to_f32, from_f32, vload, vfma, vsilu_n, and
- * optionally st2_native), and then defines its kernel as a call of prefill_kernel().
+ * optionally st2_native) and the token loop of simd_tokens.h, and then defines its
+ * kernel as a call of prefill_kernel().
  *
  * Precondition: x and out have channel stride 1 (prefill.c sends other calls to the
  * portable kernel); the state may have any strides (it is only W-1 rows per request:
@@ -11,49 +12,9 @@
 #error "prefill_simd.h: include an ISA's simd_<isa>.h first"
 #endif
 
-GDN_ALIGN64 static const float prefill_zeros[16] = {0.0f};   /* a zero vector (LANES <= 16) */
+#include "simd_tokens.h"
 
-/* n tokens of one line step (NV vectors): rows 0..n-1 of xs (row stride xt bytes)
- * in, rows 0..n-1 of os out. The arithmetic is update_simd.h's simd_tokens (bias,
- * then fused multiply-adds over taps 0..W-1 in order, SiLU across the n*NV vectors,
- * one rounding), so a prefill equals the update bit for bit on the same ISA. The
- * window hf (the W-1 inputs before row 0, fp32) slides by n. */
-GDN_INLINE void prefill_tokens(const char *xs, int64_t xt, char *os, int64_t ot, V w[][4], const V *b,
-                               V hf[][4], const int n, const int NV, const int dt, const int W,
-                               const int silu) {
-    const int H = W - 1;
-    const int64_t ve = LANES * gdn_elsize(dt);
-    V E[GDN_MAX_WIDTH - 1 + 4][4], acc[4];   /* window then the n new tokens, fp32 */
-#pragma GCC unroll 8
-    for (int k = 0; k < H; k++)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) E[k][v] = hf[k][v];
-#pragma GCC unroll 8
-    for (int j = 0; j < n; j++)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) {
-            E[H + j][v] = to_f32(ld_raw(xs + j * xt + v * ve, dt), dt);
-            acc[j * NV + v] = b[v];
-#pragma GCC unroll 8
-            for (int k = 0; k < W; k++) acc[j * NV + v] = vfma(w[k][v], E[j + k][v], acc[j * NV + v]);
-        }
-    if (silu) vsilu_n(acc, n * NV, dt);
-#pragma GCC unroll 8
-    for (int j = 0; j < n; j++) {
-#ifdef SIMD_ST2_NATIVE
-        if (dt == GDN_BF16_NATIVE && NV == 2) {
-            st2_native(os + j * ot, acc[j * NV], acc[j * NV + 1]);
-            continue;
-        }
-#endif
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) st_raw(os + j * ot + v * ve, from_f32(acc[j * NV + v], dt), dt);
-    }
-#pragma GCC unroll 8
-    for (int k = 0; k < H; k++)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) hf[k][v] = E[n + k][v];
-}
+GDN_ALIGN64 static const float prefill_zeros[16] = {0.0f};   /* a zero vector (LANES <= 16) */
 
 /* One unit (request r, channels [c0, c1), tokens [t0, t1)) for constant dtype, width
  * and activation. Tiles of GDN_PREFILL_TILE tokens; within a tile every line step of
@@ -110,13 +71,13 @@ GDN_INLINE void prefill_unit(const gdn_prefill_params *pp, const float *w, int64
                 }
                 int64_t j = 0;
                 for (; j + G <= nt; j += G)
-                    prefill_tokens(xs + j * xt + c * e, xt, os + j * ot + c * e, ot, wv, b, hf, G, NV, dt, W, silu);
+                    simd_tokens(xs + j * xt + c * e, xt, os + j * ot + c * e, ot, wv, b, hf, G, NV, dt, W, silu);
                 if (G > 2 && j + 2 <= nt) {
-                    prefill_tokens(xs + j * xt + c * e, xt, os + j * ot + c * e, ot, wv, b, hf, 2, NV, dt, W, silu);
+                    simd_tokens(xs + j * xt + c * e, xt, os + j * ot + c * e, ot, wv, b, hf, 2, NV, dt, W, silu);
                     j += 2;
                 }
                 if (j < nt)
-                    prefill_tokens(xs + j * xt + c * e, xt, os + j * ot + c * e, ot, wv, b, hf, 1, NV, dt, W, silu);
+                    simd_tokens(xs + j * xt + c * e, xt, os + j * ot + c * e, ot, wv, b, hf, 1, NV, dt, W, silu);
             }
             if (ta == 0 && r->state) gdn_prefill_write_state(pp, r, c0, c0 + nline);
         }

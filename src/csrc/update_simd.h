@@ -27,49 +27,9 @@
 #error "update_simd.h: the ISA header must define GDN_SIMD_OPAQUE"
 #endif
 
-#define GDN_SLAB 8  /* tokens staged at a time */
+#include "simd_tokens.h"
 
-/* Tokens j0 .. j0+n-1 of a slab, one line step (NV vectors per row): the tokens are
- * rows H + j of the staging buffer, outputs go to out rows j. The convolutions
- * run first, then SiLU stage by stage across the n*NV vectors (independent chains
- * side by side keep the FP pipes busy: the exp-reciprocal chain is ~45 cycles
- * long), then the stores. The window hf slides by n. */
-GDN_INLINE void simd_tokens(const char *xs, int64_t bs, char *os, int64_t ot, int64_t j0, V w[][4],
-                            const V *b, V hf[][4], const int n, const int NV, const int dt, const int W,
-                            const int silu) {
-    const int H = W - 1;
-    const int64_t ve = LANES * gdn_elsize(dt);
-    V E[GDN_MAX_WIDTH - 1 + 4][4], acc[4];   /* window then the n new tokens, fp32 */
-#pragma GCC unroll 8
-    for (int k = 0; k < H; k++)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) E[k][v] = hf[k][v];
-#pragma GCC unroll 8
-    for (int j = 0; j < n; j++)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) {
-            E[H + j][v] = to_f32(ld_raw(xs + (H + j0 + j) * bs + v * ve, dt), dt);
-            acc[j * NV + v] = b[v];
-#pragma GCC unroll 8
-            for (int k = 0; k < W; k++) acc[j * NV + v] = vfma(w[k][v], E[j + k][v], acc[j * NV + v]);
-        }
-    if (silu) vsilu_n(acc, n * NV, dt);
-#pragma GCC unroll 8
-    for (int j = 0; j < n; j++) {
-#ifdef SIMD_ST2_NATIVE
-        if (dt == GDN_BF16_NATIVE && NV == 2) {
-            st2_native(os + (j0 + j) * ot, acc[j * NV], acc[j * NV + 1]);
-            continue;
-        }
-#endif
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) st_raw(os + (j0 + j) * ot + v * ve, from_f32(acc[j * NV + v], dt), dt);
-    }
-#pragma GCC unroll 8
-    for (int k = 0; k < H; k++)
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) hf[k][v] = E[n + k][v];
-}
+#define GDN_SLAB 8  /* tokens staged at a time */
 
 /* bytes (a multiple of 64) from src to dst, raw, in ascending order (so dst < src
  * may overlap). The empty asm keeps the compiler from turning the loop into a
@@ -135,12 +95,12 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
                     /* groups of G tokens, the remainder (< G) in halving groups */
                     int64_t j = 0;
                     for (; j + G <= nt; j += G)
-                        simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, G, NV, dt, W, silu);
+                        simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, G, NV, dt, W, silu);
                     if (G > 2 && j + 2 <= nt) {
-                        simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 2, NV, dt, W, silu);
+                        simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, 2, NV, dt, W, silu);
                         j += 2;
                     }
-                    if (j < nt) simd_tokens(buf + c * e, bs, os + c * e, ot, j, w, b, hf, 1, NV, dt, W, silu);
+                    if (j < nt) simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, 1, NV, dt, W, silu);
                 }
                 if (!spec || t0 + nt < r.T)  /* the last H inputs become the window (plain mode's roll) */
                     simd_copy(buf, buf + nt * bs, H * bs);
