@@ -118,6 +118,7 @@ def test_bench_default_threads_stay_default_calls(monkeypatch, capsys, threads):
     """Without --threads, bench.py times gdnconv's default calls (whose team shrinks while
     they stall) and so never sets a thread count; --threads N sets N, then the default."""
     import bench
+
     import gdnconv
     asked = []
     real = gdnconv.set_num_threads
