@@ -460,7 +460,8 @@ def add_arguments(parser):
     a("--weight", choices=("raw", "packed"), default="raw",
       help="raw: (D, W) weights in the activation dtype; packed: gdnconv.pack_weight once, reused")
     a("--alloc-out", action="store_true", help="let every call allocate its output instead of reusing one out=")
-    a("--threads", type=int, help="threads for gdnconv and torch; None: gdnconv.get_num_threads()")
+    a("--threads", type=int, help="threads for gdnconv (explicit, as num_threads=) and torch; None: torch takes "
+                                   "gdnconv.get_num_threads() and gdnconv makes default calls (fewer threads while they stall)")
     a("--repeats", type=int, help="interleaved repeats per configuration; None: adaptive, see --budget")
     a("--budget", type=float, default=1.0, help="seconds per configuration that adaptive repeats aim for")
     a("--min-repeats", type=int, default=7, help="fewest adaptive repeats")
@@ -534,7 +535,8 @@ def run(args):
     prev_isa, prev_threads = gdnconv.active_isa(), gdnconv.get_num_threads()
     prev_torch_threads = torch.get_num_threads() if torch is not None else None
     threads = args.threads or prev_threads
-    gdnconv.set_num_threads(threads)
+    if args.threads:   # explicit; without --threads gdnconv's calls stay default (adaptive) calls
+        gdnconv.set_num_threads(threads)
     if torch is not None:
         torch.set_num_threads(threads)
     rng = np.random.default_rng(args.seed)
@@ -606,7 +608,8 @@ def run(args):
         if bar is not None:
             bar.close()
         gdnconv.set_isa(prev_isa)
-        gdnconv.set_num_threads(prev_threads)
+        if args.threads:
+            gdnconv.set_num_threads(None)   # back to the default
         if torch is not None:
             torch.set_num_threads(prev_torch_threads)
     elapsed = time.perf_counter() - t_start

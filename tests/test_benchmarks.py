@@ -119,3 +119,21 @@ def test_contention_benchmark_short_run(capsys):
                                   "--sample-ms", "2", "--settle", "0.05", "--warm"]) == 0
     out = capsys.readouterr().out
     assert "idle: default" in out and "contention: default" in out
+
+
+@pytest.mark.parametrize("threads", [None, 1])
+def test_bench_default_threads_stay_default_calls(monkeypatch, capsys, threads):
+    """Without --threads, bench.py times gdnconv's default calls (whose team shrinks while
+    they stall) and so never sets a thread count; --threads N sets N, then the default."""
+    import bench
+
+    import gdnconv
+    asked = []
+    real = gdnconv.set_num_threads
+    monkeypatch.setattr(gdnconv, "set_num_threads", lambda n: (asked.append(n), real(n))[1])
+    argv = ["--batch", "1", "--dim", "64", "--tokens", "1", "--dtype", "fp32", "--isa", gdnconv.active_isa(),
+            "--repeats", "1", "--min-repeats", "1", "--sample-us", "10", "--no-torch", "--no-check", "--warm",
+            "--no-progress", "--csv", "", "--plot", ""]
+    assert bench.main(argv + ([] if threads is None else ["--threads", str(threads)])) == 0
+    assert asked == ([] if threads is None else [threads, None])
+    assert "threads: " in capsys.readouterr().out
