@@ -1,4 +1,4 @@
-/* Times gdn_update_run itself, without Python: one bf16 configuration (D channels, W=4, T=4,
+/* Times gdn_update_run itself, without Python: one configuration (D channels, W=4, T=4,
  * spec mode, L=6, num_accepted_tokens in 1..3), against a memcpy of the same byte count
  * (gdn_update_bytes), interleaved; prints the best and the median of 11 samples in
  * microseconds per call and the median ratio kernel / copy. For A/B runs of kernel
@@ -9,8 +9,10 @@
  *   gcc -O3 -fno-math-errno -fno-trapping-math -fopenmp -Iinclude -Isrc/csrc \
  *       benchmarks/bench_kernel.c src/csrc/*.c \
  *       -o /tmp/bench_kernel
- *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm]
+ *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] [bf16|fp16|fp32]
  *
+ * The dtype of x, out and conv_state is bf16 unless the last argument says otherwise
+ * (values near 1 in every dtype: the same bf16 patterns, widened for fp32).
  * packed: fp32 tap-major weights (gdnconv.pack_weight's layout); raw: bf16 (D, W)
  * weights, converted once per thread into the C side's per-thread scratch. identity: request
  * i uses slot i; perm: slots in a random permutation (as benchmarks/bench.py). cold (the
@@ -57,6 +59,18 @@ static int64_t layers_for(int cold, int64_t bytes) {
     return !cold ? 1 : n < 2 ? 2 : n;
 }
 
+/* element i of a dtype-dt array: the bf16 bit pattern b, widened for fp32, or for fp16
+ * the pattern of the same value's neighbourhood (b - 0x3f80 + 0x3c00: 1 + small) */
+static void put(char *a, int64_t i, int b, int dt) {
+    if (dt == GDN_F32) {
+        const uint32_t u = (uint32_t)b << 16;
+        memcpy(a + 4 * i, &u, 4);
+    } else {
+        const uint16_t h = (uint16_t)(dt == GDN_F16 && b ? b - 0x3f80 + 0x3c00 : b);
+        memcpy(a + 2 * i, &h, 2);
+    }
+}
+
 static void *alloc(int64_t bytes) {
     void *q = aligned_alloc(4096, (size_t)((bytes + 4095) / 4096 * 4096));
     if (!q) {
@@ -68,7 +82,7 @@ static void *alloc(int64_t bytes) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm]\n",
+        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] [bf16|fp16|fp32]\n",
                 argv[0]);
         return 2;
     }
@@ -82,6 +96,13 @@ int main(int argc, char **argv) {
     const int raw = argc > 6 && strcmp(argv[6], "raw") == 0;
     const int perm = argc > 7 && strcmp(argv[7], "perm") == 0;
     const int cold = !(argc > 8 && strcmp(argv[8], "warm") == 0);
+    const char *dname = argc > 9 ? argv[9] : "bf16";
+    const int dt = strcmp(dname, "fp32") == 0 ? GDN_F32 : strcmp(dname, "fp16") == 0 ? GDN_F16 : GDN_BF16;
+    if (dt == GDN_BF16 && strcmp(dname, "bf16") != 0) {
+        fprintf(stderr, "dtype %s: use bf16, fp16 or fp32\n", dname);
+        return 2;
+    }
+    const int64_t e = dt == GDN_F32 ? 4 : 2;
     if (B < 1 || D < 1 || threads < 1) {
         fprintf(stderr, "B, D and threads must be positive\n");
         return 2;
@@ -98,24 +119,24 @@ int main(int argc, char **argv) {
             slots[j] = s;
         }
 
-    const int64_t layer_bytes = (2 * B * T + B * L) * D * 2 + (raw ? D * W * 2 : W * D * 4);
+    const int64_t layer_bytes = (2 * B * T + B * L) * D * e + (raw ? D * W * e : W * D * 4);
     const int64_t nl = layers_for(cold, layer_bytes);
     gdn_update_params *ps = calloc((size_t)nl, sizeof *ps);
     for (int64_t l = 0; l < nl; l++) {
-        uint16_t *x = alloc(B * T * D * 2), *out = alloc(B * T * D * 2), *st = alloc(B * L * D * 2);
-        for (int64_t i = 0; i < B * T * D; i++) x[i] = (uint16_t)(0x3f80 + i % 37), out[i] = 0;   /* bf16 ~1 */
-        for (int64_t i = 0; i < B * L * D; i++) st[i] = (uint16_t)(0x3f00 + i % 41);
+        char *x = alloc(B * T * D * e), *out = alloc(B * T * D * e), *st = alloc(B * L * D * e);
+        for (int64_t i = 0; i < B * T * D; i++) put(x, i, 0x3f80 + i % 37, dt), put(out, i, 0, dt);   /* ~1 */
+        for (int64_t i = 0; i < B * L * D; i++) put(st, i, 0x3f00 + i % 41, dt);
         gdn_update_params *p = &ps[l];
         p->batch = B, p->dim = D, p->width = W, p->state_len = L, p->num_slots = B, p->seqlen = T;
-        p->pad_slot_id = -1, p->dtype = GDN_BF16, p->silu = silu;
+        p->pad_slot_id = -1, p->dtype = dt, p->silu = silu;
         p->x = x, p->x_stride_b = T * D, p->x_stride_t = D, p->x_stride_d = 1;
         p->out = out, p->out_stride_b = T * D, p->out_stride_t = D, p->out_stride_d = 1;
         p->conv_state = st, p->state_stride_s = L * D, p->state_stride_l = D, p->state_stride_d = 1;
         p->num_accepted_tokens = nat, p->conv_state_indices = slots;
         if (raw) {
-            uint16_t *w = alloc(D * W * 2);
-            for (int64_t i = 0; i < D * W; i++) w[i] = (uint16_t)(0x3e00 + i % 29);
-            p->weight = w, p->weight_dtype = GDN_BF16, p->weight_stride_d = W, p->weight_stride_w = 1;
+            char *w = alloc(D * W * e);
+            for (int64_t i = 0; i < D * W; i++) put(w, i, 0x3e00 + i % 29, dt);
+            p->weight = w, p->weight_dtype = dt, p->weight_stride_d = W, p->weight_stride_w = 1;
             /* (the per-thread conversion scratch is the C side's own: threads.c) */
         } else {
             float *w = alloc(W * D * 4);
@@ -148,9 +169,9 @@ int main(int argc, char **argv) {
     }
     double best = us[0];
     for (int k = 1; k < SAMPLES; k++) best = us[k] < best ? us[k] : best;
-    printf("B=%ld D=%ld %s threads=%d isa=%s %s %s %s (layers %ld): best %.2f median %.2f us/call; "
+    printf("%s B=%ld D=%ld %s threads=%d isa=%s %s %s %s (layers %ld): best %.2f median %.2f us/call; "
            "copy %.2f us; kernel/copy %.2f\n",
-           (long)B, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
+           dname, (long)B, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
            perm ? "perm" : "identity", cold ? "cold" : "warm", (long)nl, best, median(us, SAMPLES),
            median(cu, SAMPLES), median(ratio, SAMPLES));
     return 0;

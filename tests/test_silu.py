@@ -1,7 +1,8 @@
 """SiLU through the kernel against the float64 reference, in units in the last place.
 
 Every 16-bit input bit pattern (bf16 and fp16, 65,536 each) and a dense fp32 sweep go
-through ``conv_update_multi`` with weights ``[0, .., 0, 1]`` per channel, no bias and
+through ``conv_update_multi`` (the fp32 sweep also through ``conv_prefill``, whose SIMD
+kernels share the SiLU) with weights ``[0, .., 0, 1]`` per channel, no bias and
 a zero state: the convolution is then exact (``0 * 0`` sums plus ``1 * x``), so the
 pre-activation is ``x`` itself and any error is the SiLU's. The patterns are laid
 across the channels of ``D = 4099`` (whole SIMD lines plus a tail that the portable
@@ -11,7 +12,8 @@ a NaN. The accumulation-noise term of ``gdnconv.testing`` is zero here and the t
 is stricter: the output must be within one ulp of the reference rounded to the
 output dtype, counting steps between representable values (subnormals included,
 +0 and -0 the same), and NaN exactly where the reference is NaN (NaN in, and -inf
-in: ``-inf * sigmoid(-inf)`` is ``-inf * 0``; +inf gives +inf).
+in: ``-inf * sigmoid(-inf)`` is ``-inf * 0``; +inf gives +inf). Every fp32 input,
+all 2^32, is checked by benchmarks/silu_exhaustive.c (minutes, so not here).
 """
 import numpy as np
 import pytest
@@ -21,7 +23,6 @@ from gdnconv.reference import silu
 from conftest import BF16, F16, F32, from_bits
 
 D, T, W = 4099, 4, 4
-FP32_MAX_STEPS = 5   # fp32: the degree-5 exponential and the rounded 1 + e (docs/design.md)
 _UINT = {2: np.uint16, 4: np.uint32}
 
 
@@ -36,8 +37,9 @@ def ulp_steps(a, b):
     return np.abs(line(np.asarray(a)) - line(np.asarray(b)))
 
 
-def silu_through_kernel(vals):
-    """silu of each value of the 1-D array vals (dtype of the call) computed by the kernel."""
+def silu_through_kernel(vals, prefill=False):
+    """silu of each value of the 1-D array vals (dtype of the call) computed by the kernel:
+    ``conv_update_multi`` from a zero state, or ``conv_prefill`` from zero history."""
     dt, n = vals.dtype, vals.size
     B = -(-n // (T * D))
     x = np.zeros((B, T, D), dt)
@@ -50,16 +52,19 @@ def silu_through_kernel(vals):
     x.reshape(-1)[slots] = vals[order]
     w = np.zeros((D, W), dt)
     w[:, -1] = 1
-    out = gdnconv.conv_update_multi(x, np.zeros((B, W - 1, D), dt), w, None, activation="silu")
+    if prefill:
+        out = gdnconv.conv_prefill(x, w, None, activation="silu")
+    else:
+        out = gdnconv.conv_update_multi(x, np.zeros((B, W - 1, D), dt), w, None, activation="silu")
     res = np.empty(n, dt)
     res[order] = out.reshape(-1)[slots]
     return res
 
 
-def check_silu(vals, max_steps=1):
+def check_silu(vals, max_steps=1, prefill=False):
     """The kernel's silu of vals against the reference rounded to vals' dtype: NaN exactly
     where the reference is NaN, elsewhere at most max_steps ulp; returns the steps."""
-    got = silu_through_kernel(vals)
+    got = silu_through_kernel(vals, prefill)
     with np.errstate(invalid="ignore"):
         exact = silu(vals.astype(np.float64))
     want = exact.astype(vals.dtype)
@@ -100,15 +105,31 @@ def test_every_16bit_input(isa, dtype):
     assert steps.max() <= 1
 
 
-def test_fp32_sweep(isa):
-    """fp32: every 4096th bit pattern (both signs, zeros, subnormals, huge values, inf,
-    NaN), [-110, -80] (normal and subnormal results) every 16th pattern, and the
-    extremes. Bound: FP32_MAX_STEPS (see the README's Numerics)."""
-    step = np.arange(0, 1 << 32, 1 << 12, dtype=np.uint64).astype(np.uint32)
-    lo, hi = (np.array([-80.0, -110.0], F32).view(np.uint32)).astype(np.int64)
-    tail = np.arange(lo, hi + 1, 16).astype(np.uint32)
+def fp32_sweep():
+    """Every 2048th fp32 bit pattern (both signs, zeros, subnormals, huge values, inf,
+    NaN), every 512th in [-20, 20] (the main range) and every 4th in [-110, -80]
+    (normal, subnormal and underflowing results), and the extremes: 5.2 million."""
+    def between(a, b, every):
+        lo, hi = np.array([a, b], F32).view(np.uint32).astype(np.int64)
+        return np.arange(lo, hi + 1, every).astype(np.uint32)
+    step = np.arange(0, 1 << 32, 1 << 11, dtype=np.uint64).astype(np.uint32)
     edges = np.array([0, 0x80000000, 1, 0x80000001, 0x7f7fffff, 0xff7fffff, 0x7f800000, 0xff800000,
                       0x7fc00000, 0xffc00000, 0x7f800001], np.uint32)
-    vals = from_bits(np.concatenate([step, tail, edges]), F32)
-    check_silu(vals, FP32_MAX_STEPS)
+    parts = [step, between(0.0, 20.0, 512), between(-0.0, -20.0, 512), between(-80.0, -110.0, 4), edges]
+    return from_bits(np.concatenate(parts), F32)
 
+
+def test_fp32_sweep(isa):
+    """fp32 (fp32_sweep) through the update: within one ulp, NaN where the reference is
+    (NaN and -inf in); the results of x below ~-104 underflow to -0 as the reference's."""
+    vals = fp32_sweep()
+    steps = check_silu(vals)
+    assert steps.max() <= 1
+    tail = silu_through_kernel(np.array([-87.0, -100.0, -103.9, -104.0, -120.0, -1e30], F32))
+    assert (tail[:4] < 0).all() and np.array_equal(tail[4:].view(np.uint32), [0x80000000] * 2)
+
+
+def test_fp32_prefill(isa):
+    """The same through conv_prefill (its own SIMD loop around the shared SiLU)."""
+    vals = fp32_sweep()[::4]
+    assert check_silu(vals, prefill=True).max() <= 1

@@ -14,6 +14,8 @@ static inline int gdn_elsize(int dtype) { return dtype == GDN_F32 ? 4 : 2; }
 
 static inline float gdn_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t gdn_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline double gdn_u2d(uint64_t u) { double f; memcpy(&f, &u, 8); return f; }
+static inline uint64_t gdn_d2u(double f) { uint64_t u; memcpy(&u, &f, 8); return u; }
 
 /* The conversions are branch-free (bit operations and selects) so that the channel
  * loops of the portable core vectorise. */

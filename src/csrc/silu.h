@@ -7,20 +7,25 @@
 
 #include "convert.h"
 
-/* fp32 outputs: exp(a) = 2^m q(r) for a = -|y| clamped at GDN_EXP_ARG_MIN,
- * m = round(a log2 e), r = a - m ln2 in [-ln2/2, ln2/2] by a two-constant
- * reduction, q near-minimax of degree 5 (relative error 2e-7), r^5 first. */
+/* fp32 outputs, in double: e = exp(a) = 2^m q(r) for a = -|y| clamped at
+ * GDN_EXP_ARG_MIN, m = round(a log2 e), r = a - m ln2 in [-ln2/2, ln2/2] (one constant:
+ * |m| <= 1443 makes r's error ~1e-13), q near-minimax of degree 6 (relative error
+ * 1.9e-9; degree 5 has 7.5e-8, more than the 2^-24 that one ulp of the result allows
+ * at worst). silu = (y < 0 ? y e : y) / (1 + e), the reciprocal to ~4e-9, then one
+ * rounding to float: the value before it is within ~0.1 ulp of the exact result, so
+ * the result is within one ulp of the correctly rounded one for every input (subnormal
+ * results too, which the one rounding makes: tests/test_silu.py, and
+ * benchmarks/silu_exhaustive.c over all 2^32 inputs). e stays a normal double down to
+ * y ~ -708 and underflows to 0 below y ~ -745 (the result underflows to -0 from
+ * y ~ -104 on); at the clamp (m = -1443) e is 0, so y = -inf gives -inf * 0 = NaN
+ * like the reference. */
+#define GDN_LOG2E_D 1.4426950408889634
+#define GDN_LN2_D 0.6931471805599453
+#define GDN_EXP_ARG_MIN -1000.0
+#define GDN_EXP_DEG6 0.0013836845556505085, 0.008374815802223545, 0.041668225577458175, \
+                     0.16666420169881113, 0.49999992079780364, 1.000000036323189, 1.000000000554169
+/* float log2 e, for the 16-bit paths */
 #define GDN_LOG2E 1.44269504f
-#define GDN_LN2_HI 0.693359375f
-#define GDN_LN2_LO -2.12194440e-4f
-#define GDN_EXP_ARG_MIN -150.0f
-/* For y < 0, silu = y e / (1 + e) is formed as (y eh / (1 + e)) 2^-64 with eh = e 2^64:
- * the only rounding into the subnormal range is the last one, so results below 2^-126
- * keep their precision. At the clamp (m = -216) eh = 2^-152 q rounds to 0, so a finite y
- * gives -0 and y = -inf gives -inf * 0 = NaN like the reference. Where nothing is
- * subnormal the bits are those of y (e / (1 + e)). */
-#define GDN_EXP_DEG5 0.008297654800117016f, 0.04191538318991661f, 0.16667574644088745f, \
-                     0.49998894333839417f, 0.9999997019767761f, 1.0000001192092896f
 /* 16-bit outputs: 2^r on r in [0, 1), near-minimax in relative error: degree 3
  * (7.5e-5) for fp16, degree 2 (1.7e-3) for bf16, r^3 (or r^2) first. */
 #define GDN_EXP2_DEG3 0.07802451401948929f, 0.22606724500656128f, 0.6958334445953369f, 0.9999252557754517f
@@ -67,9 +72,10 @@ static inline float gdn_clamp0(float a) {
  *     y / (...) is NaN; masking the NaN first measured 7% slower on the whole
  *     portable kernel. q is GDN_EXP2_DEG2_M (bf16, whose ulp is >= 2^-8 relative)
  *     or GDN_EXP2_DEG3_M (fp16, ulp >= 2^-11).
- *   fp32 outputs: e = exp(-|y|) in (0, 1] as above, y / (1 + e) for y >= 0 and
- *     (y eh / (1 + e)) 2^-64 below, eh = e 2^64 from 2^(m+64) in two normal halves,
- *     so subnormal results are rounded once (see GDN_EXP_DEG5); within 5 ulp. */
+ *   fp32 outputs: in double as GDN_EXP_DEG6 says, so within one ulp for every input;
+ *     2^m as 2^m1 2^m2, m1 = round(a log2 e / 2), both normal doubles (m1, m2 >=
+ *     -722), their exponent fields from the low bits of m_i + 1.5 2^52, so the loop
+ *     has no float-int conversions and vectorises (2 doubles per SSE2 vector). */
 GDN_INLINE float gdn_silu(float y, const int dt) {
     if (dt != GDN_F32) {
         static const float c3[] = {GDN_EXP2_DEG3_M}, c2[] = {GDN_EXP2_DEG2_M};
@@ -88,19 +94,17 @@ GDN_INLINE float gdn_silu(float y, const int dt) {
         for (int k = 2; k <= deg; k++) q = q * m + c[k];
         return (y * s) / (s + gdn_u2f(bits ^ mant) * q);
     }
-    static const float c5[] = {GDN_EXP_DEG5};
-    float a = -fabsf(y);
-    a = a < GDN_EXP_ARG_MIN ? GDN_EXP_ARG_MIN : a;
-    const float m = (a * GDN_LOG2E + 12582912.0f) - 12582912.0f;  /* round to nearest */
-    float r = a - m * GDN_LN2_HI;
-    r = r - m * GDN_LN2_LO;
-    float q = c5[0] * r + c5[1];
-    for (int k = 2; k < 6; k++) q = q * r + c5[k];
-    const int32_t mi = (int32_t)m, m1 = mi / 2, m2 = mi - m1;      /* -217..0: halves >= -109 */
-    const float eh = q * gdn_u2f((uint32_t)(m1 + 127 + 32) << 23) * gdn_u2f((uint32_t)(m2 + 127 + 32) << 23);
-    /* the 2^-64 from the sign bit, not a second select (GCC then divides twice) */
-    const float sc = gdn_u2f(0x3f800000u - ((gdn_f2u(y) >> 31) << 29));
-    return y * ((y >= 0.0f ? 1.0f : eh) / (1.0f + eh * 0x1p-64f)) * sc;
+    static const double c6[] = {GDN_EXP_DEG6};
+    const double yd = y, magic = 0x1.8p52;
+    double a = -fabs(yd);
+    a = a < GDN_EXP_ARG_MIN ? GDN_EXP_ARG_MIN : a;                  /* NaN passes */
+    const double t = a * GDN_LOG2E_D + magic, m = t - magic;         /* round to nearest */
+    const double t1 = a * (0.5 * GDN_LOG2E_D) + magic, t2 = (m - (t1 - magic)) + magic;
+    const double r = a - m * GDN_LN2_D;
+    double q = c6[0] * r + c6[1];
+    for (int k = 2; k < 7; k++) q = q * r + c6[k];
+    const double e = q * gdn_u2d((gdn_d2u(t1) + 1023u) << 52) * gdn_u2d((gdn_d2u(t2) + 1023u) << 52);
+    return (float)(yd * (yd < 0.0 ? e : 1.0) / (1.0 + e));
 }
 
 #endif

@@ -71,15 +71,13 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
  *   to [-111, 144] instead of [-127, 128]), so neither 2^t nor the rcp (which
  *   flushes results below 2^-126 to 0) cuts off results of y down to ~-97.4:
  *   within one ulp for every input, as the AVX-512 and portable kernels.
- * fp32 outputs: as simd_avx512.h's fp32 path (clamp, two-constant reduction);
- *   eh = e 2^64 is made from 2^(m+64) in two normal halves without scalef, y < 0
- *   gives (y d eh) 2^-64 so subnormal results are rounded once (silu.h), and rcp
- *   gets a Newton step. */
+ * fp32 outputs: in double as the portable gdn_silu (silu.h's GDN_EXP_DEG6), two
+ *   4-lane halves per vector, 2^m as 2^m1 2^m2 from exponent bits, one division,
+ *   one rounding to float: within one ulp for every input. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
-    V a[4], m[4], r[4], q[4], e[4], d[4];
-    const V one = _mm256_set1_ps(1.0f);
     if (dt != GDN_F32) {
+        V a[4], m[4], r[4], q[4], e[4];
         /* bf16: 1 + 2^t and y scaled by s = 2^-16 (silu.h), t in [-111, 144] */
         const int k = dt == GDN_F16 ? 0 : GDN_BF16_DEN_SHIFT;
         const float s = dt == GDN_F16 ? 1.0f : GDN_BF16_DEN_SCALE;
@@ -109,45 +107,47 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         }
         return;
     }
-#pragma GCC unroll 4
-    EACH a[i] = _mm256_max_ps(_mm256_set1_ps(GDN_EXP_ARG_MIN),
-                              _mm256_or_ps(y[i], _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u))));
-#pragma GCC unroll 4
-    EACH m[i] = _mm256_round_ps(_mm256_mul_ps(a[i], _mm256_set1_ps(GDN_LOG2E)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#pragma GCC unroll 4
-    EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(GDN_LN2_HI), a[i]);
-#pragma GCC unroll 4
-    EACH r[i] = _mm256_fnmadd_ps(m[i], _mm256_set1_ps(GDN_LN2_LO), r[i]);
-    static const float c5[] = {GDN_EXP_DEG5};
-#pragma GCC unroll 4
-    EACH q[i] = _mm256_set1_ps(c5[0]);
-#pragma GCC unroll 5
-    for (int k = 1; k < 6; k++)
-#pragma GCC unroll 4
-        EACH q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(c5[k]));
+    /* fp32: in double (silu.h's GDN_EXP_DEG6), the 8 lanes of y[i] as halves Y[2i], Y[2i+1] */
+    __m256d Y[8], A[8], M[8], Q[8], E[8];
+    const __m256d oned = _mm256_set1_pd(1.0), magic = _mm256_set1_pd(0x1p52 * 1.5);
 #pragma GCC unroll 4
     EACH {
-        const __m256i mi = _mm256_cvtps_epi32(m[i]);             /* -217..0 */
-        const __m256i m1 = _mm256_srai_epi32(mi, 1), m2 = _mm256_sub_epi32(mi, m1);
-        const __m256i bh = _mm256_set1_epi32(127 + 32);             /* eh = e 2^64 (silu.h) */
-        const V s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(m1, bh), 23));
-        const V s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(m2, bh), 23));
-        e[i] = _mm256_mul_ps(_mm256_mul_ps(q[i], s1), s2);
+        Y[2 * i] = _mm256_cvtps_pd(_mm256_castps256_ps128(y[i]));
+        Y[2 * i + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(y[i], 1));
+    }
+#define EACH2 for (int i = 0; i < 2 * n; i++)
+#pragma GCC unroll 8
+    EACH2 A[i] = _mm256_max_pd(_mm256_set1_pd(GDN_EXP_ARG_MIN),   /* NaN passes: max returns operand 2 */
+                               _mm256_or_pd(Y[i], _mm256_set1_pd(-0.0)));
+#pragma GCC unroll 8
+    EACH2 M[i] = _mm256_fmadd_pd(A[i], _mm256_set1_pd(GDN_LOG2E_D), magic);          /* m + 1.5 2^52 */
+#pragma GCC unroll 8
+    EACH2 E[i] = _mm256_fmadd_pd(A[i], _mm256_set1_pd(0.5 * GDN_LOG2E_D), magic);    /* m1 + 1.5 2^52 */
+#pragma GCC unroll 8
+    EACH2 A[i] = _mm256_fnmadd_pd(_mm256_sub_pd(M[i], magic), _mm256_set1_pd(GDN_LN2_D), A[i]);   /* r */
+    static const double c6[] = {GDN_EXP_DEG6};
+#pragma GCC unroll 8
+    EACH2 Q[i] = _mm256_fmadd_pd(_mm256_set1_pd(c6[0]), A[i], _mm256_set1_pd(c6[1]));
+#pragma GCC unroll 5
+    for (int k = 2; k < 7; k++)
+#pragma GCC unroll 8
+        EACH2 Q[i] = _mm256_fmadd_pd(Q[i], A[i], _mm256_set1_pd(c6[k]));
+#pragma GCC unroll 8
+    EACH2 {   /* e = q 2^m1 2^m2, m2 = m - m1, exponent fields from the low bits (silu.h) */
+        const __m256d t2 = _mm256_add_pd(_mm256_sub_pd(M[i], E[i]), magic);
+        const __m256i bias = _mm256_set1_epi64x(1023);
+        const __m256d s1 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(_mm256_castpd_si256(E[i]), bias), 52));
+        const __m256d s2 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(_mm256_castpd_si256(t2), bias), 52));
+        E[i] = _mm256_mul_pd(_mm256_mul_pd(Q[i], s1), s2);
+    }
+#pragma GCC unroll 8
+    EACH2 {   /* (y < 0 ? y e : y) / (1 + e) */
+        const __m256d neg = _mm256_cmp_pd(Y[i], _mm256_setzero_pd(), _CMP_LT_OQ);
+        A[i] = _mm256_div_pd(_mm256_blendv_pd(Y[i], _mm256_mul_pd(Y[i], E[i]), neg), _mm256_add_pd(oned, E[i]));
     }
 #pragma GCC unroll 4
-    EACH a[i] = _mm256_fmadd_ps(e[i], _mm256_set1_ps(0x1p-64f), one);                 /* 1 + e */
-#pragma GCC unroll 4
-    EACH d[i] = _mm256_rcp_ps(a[i]);
-#pragma GCC unroll 4
-    EACH d[i] = _mm256_fmadd_ps(d[i], _mm256_fnmadd_ps(a[i], d[i], one), d[i]);
-#pragma GCC unroll 4
-    EACH {   /* y < 0: (y d eh) 2^-64, rounded into the subnormals once */
-        const V neg = _mm256_cmp_ps(y[i], _mm256_setzero_ps(), _CMP_LT_OQ);
-        const V sc = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_set1_epi32(0x3f800000),   /* 1 or 2^-64 */
-            _mm256_and_si256(_mm256_castps_si256(neg), _mm256_set1_epi32(0x20000000))));
-        y[i] = _mm256_mul_ps(_mm256_mul_ps(y[i], _mm256_blendv_ps(d[i], _mm256_mul_ps(d[i], e[i]), neg)), sc);
-    }
+    EACH y[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(A[2 * i])), _mm256_cvtpd_ps(A[2 * i + 1]), 1);
+#undef EACH2
 }
 #undef EACH
 

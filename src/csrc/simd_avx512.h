@@ -102,13 +102,13 @@ GDN_INLINE void taps16(const char *src, const int wdt, const int W, V *t) {
     }
 }
 
-/* silu(y) = y * sigmoid(y), fp32 arithmetic, each step across all n vectors so their
- * independent chains interleave. exp: 2^m * q(r), r in [-ln2/2, ln2/2], q a
- * near-minimax polynomial; scalef makes subnormals, zero and inf correctly.
- * fp32 outputs: e = exp(-|y|) in (0, 1], sigmoid = 1/(1+e) or e/(1+e) by sign,
- *   degree 5 (rel. error 2e-7), two-constant reduction, rcp14 + a Newton step;
- *   y < 0 gives (y d eh) 2^-64 with eh = e 2^64, so a subnormal result is rounded
- *   once (silu.h); within 5 ulp.
+/* silu(y) = y * sigmoid(y), each step across all n vectors so their independent
+ * chains interleave; scalef makes subnormals, zero and inf correctly.
+ * fp32 outputs: in double, two 8-lane halves per vector (silu.h's GDN_EXP_DEG6):
+ *   e = exp(-|y|) by degree 6, one-constant reduction, scalef (which underflows
+ *   to 0 gradually), (y < 0 ? y e : y) (1 + e)^-1 with rcp14 and a Newton step
+ *   (~2^-28), one rounding to float: within one ulp for every input, subnormal
+ *   results included. avx512bf16 shares this code.
  * 16-bit outputs (ulp >= 2^-8 relative bf16, 2^-11 fp16): sigmoid = 1/(1 + 2^t),
  *   t = -y log2 e; 2^t = 2^floor(t) p(t - floor(t)) with vreduceps giving the
  *   fraction and scalef applying floor(t); p on [0, 1) of degree 2 (1.7e-3) for
@@ -122,9 +122,8 @@ GDN_INLINE void taps16(const char *src, const int wdt, const int W, V *t) {
  *   -inf * 0 = NaN like the reference, NaN stays NaN. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
-    V a[4], m[4], r[4], q[4], e[4], d[4];
-    const V one = _mm512_set1_ps(1.0f);
     if (dt != GDN_F32) {
+        V m[4], r[4], q[4], d[4];
 #pragma GCC unroll 4
         EACH m[i] = _mm512_mul_ps(y[i], _mm512_set1_ps(-GDN_LOG2E));          /* t = -y log2 e */
 #pragma GCC unroll 4
@@ -149,38 +148,46 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         EACH y[i] = _mm512_mul_ps(y[i], d[i]);
         return;
     }
+    /* fp32: in double (silu.h's GDN_EXP_DEG6), the 16 lanes of y[i] as halves Y[2i], Y[2i+1] */
+    __m512d Y[8], A[8], M[8], Q[8], E[8], N[8];
+    const __m512d oned = _mm512_set1_pd(1.0);
 #pragma GCC unroll 4
-    EACH a[i] = _mm512_max_ps(_mm512_set1_ps(GDN_EXP_ARG_MIN),  /* NaN passes: max returns operand 2 */
-                              _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y[i]),
-                                                                  _mm512_set1_epi32((int)0x80000000u))));
-#pragma GCC unroll 4
-    EACH m[i] = _mm512_roundscale_ps(_mm512_mul_ps(a[i], _mm512_set1_ps(GDN_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#pragma GCC unroll 4
-    EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(GDN_LN2_HI), a[i]);
-#pragma GCC unroll 4
-    EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(GDN_LN2_LO), r[i]);
-    static const float c5[] = {GDN_EXP_DEG5};
-#pragma GCC unroll 4
-    EACH q[i] = _mm512_set1_ps(c5[0]);
-#pragma GCC unroll 5
-    for (int k = 1; k < 6; k++)
-#pragma GCC unroll 4
-        EACH q[i] = _mm512_fmadd_ps(q[i], r[i], _mm512_set1_ps(c5[k]));
-#pragma GCC unroll 4
-    EACH e[i] = _mm512_scalef_ps(q[i], _mm512_add_ps(m[i], _mm512_set1_ps(64.0f)));   /* eh = e 2^64 */
-#pragma GCC unroll 4
-    EACH a[i] = _mm512_fmadd_ps(e[i], _mm512_set1_ps(0x1p-64f), one);                 /* 1 + e */
-#pragma GCC unroll 4
-    EACH d[i] = _mm512_rcp14_ps(a[i]);
-#pragma GCC unroll 4
-    EACH d[i] = _mm512_fmadd_ps(d[i], _mm512_fnmadd_ps(a[i], d[i], one), d[i]);
-#pragma GCC unroll 4
-    EACH {   /* y < 0: (y d eh) 2^-64, rounded into the subnormals once (silu.h) */
-        const __mmask16 neg = _mm512_cmp_ps_mask(y[i], _mm512_setzero_ps(), _CMP_LT_OQ);
-        y[i] = _mm512_mul_ps(y[i], _mm512_mask_mul_ps(d[i], neg, d[i], e[i]));
-        y[i] = _mm512_mask_mul_ps(y[i], neg, y[i], _mm512_set1_ps(0x1p-64f));
+    EACH {
+        Y[2 * i] = _mm512_cvtps_pd(_mm512_castps512_ps256(y[i]));
+        Y[2 * i + 1] = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y[i]), 1)));
     }
+#define EACH2 for (int i = 0; i < 2 * n; i++)
+#pragma GCC unroll 8
+    EACH2 A[i] = _mm512_max_pd(_mm512_set1_pd(GDN_EXP_ARG_MIN),   /* NaN passes: max returns operand 2 */
+                               _mm512_castsi512_pd(_mm512_or_si512(_mm512_castpd_si512(Y[i]),
+                                                                   _mm512_set1_epi64((long long)0x8000000000000000ull))));
+#pragma GCC unroll 8
+    EACH2 M[i] = _mm512_roundscale_pd(_mm512_mul_pd(A[i], _mm512_set1_pd(GDN_LOG2E_D)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#pragma GCC unroll 8
+    EACH2 A[i] = _mm512_fnmadd_pd(M[i], _mm512_set1_pd(GDN_LN2_D), A[i]);              /* r */
+    static const double c6[] = {GDN_EXP_DEG6};
+#pragma GCC unroll 8
+    EACH2 Q[i] = _mm512_fmadd_pd(_mm512_set1_pd(c6[0]), A[i], _mm512_set1_pd(c6[1]));
+#pragma GCC unroll 5
+    for (int k = 2; k < 7; k++)
+#pragma GCC unroll 8
+        EACH2 Q[i] = _mm512_fmadd_pd(Q[i], A[i], _mm512_set1_pd(c6[k]));
+#pragma GCC unroll 8
+    EACH2 E[i] = _mm512_scalef_pd(Q[i], M[i]);     /* e: 0 for m <~ -1075 */
+#pragma GCC unroll 8
+    EACH2 A[i] = _mm512_add_pd(oned, E[i]);        /* 1 + e */
+#pragma GCC unroll 8
+    EACH2 Q[i] = _mm512_rcp14_pd(A[i]);
+#pragma GCC unroll 8
+    EACH2 Q[i] = _mm512_fmadd_pd(Q[i], _mm512_fnmadd_pd(A[i], Q[i], oned), Q[i]);   /* ~2^-28 */
+#pragma GCC unroll 8
+    EACH2 N[i] = _mm512_mask_mul_pd(Y[i], _mm512_cmp_pd_mask(Y[i], _mm512_setzero_pd(), _CMP_LT_OQ), Y[i], E[i]);
+#pragma GCC unroll 4
+    EACH y[i] = _mm512_castpd_ps(_mm512_insertf64x4(
+        _mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_mul_pd(N[2 * i], Q[2 * i])))),
+        _mm256_castps_pd(_mm512_cvtpd_ps(_mm512_mul_pd(N[2 * i + 1], Q[2 * i + 1]))), 1));
+#undef EACH2
 }
 #undef EACH
 
