@@ -1,5 +1,5 @@
 /* Times gdn_update_run itself, without Python: one configuration (D channels, W=4, T=4,
- * spec mode, L=6, num_accepted_tokens in 1..3), against a memcpy of the same byte count
+ * spec mode, L=6, num_accepted_tokens in 1..3; or plain mode, L=3), against a memcpy of the same byte count
  * (gdn_update_bytes), interleaved; prints the best and the median of 11 samples in
  * microseconds per call and the median ratio kernel / copy. For A/B runs of kernel
  * changes, where the Python benchmarks' fixed cost and the VM's noise hide a few
@@ -9,9 +9,10 @@
  *   gcc -O3 -fno-math-errno -fno-trapping-math -fopenmp -Iinclude -Isrc/csrc \
  *       benchmarks/bench_kernel.c src/csrc/*.c \
  *       -o /tmp/bench_kernel
- *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] [bf16|fp16|fp32]
+ *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] [bf16|fp16|fp32] \
+ *       [sd|ds|hf] [spec|plain]
  *
- * The dtype of x, out and conv_state is bf16 unless the last argument says otherwise
+ * The dtype of x, out and conv_state is bf16 unless the ninth argument says otherwise
  * (values near 1 in every dtype: the same bf16 patterns, widened for fp32).
  * packed: fp32 tap-major weights (gdnconv.pack_weight's layout); raw: bf16 (D, W)
  * weights, converted once per thread into the C side's per-thread scratch. identity: request
@@ -19,7 +20,11 @@
  * default, as benchmarks/harness.py): each call goes to the next of enough layers'
  * separate x, out, state and weights to hold 4x the last-level cache, and the copy
  * to the next of its own buffer pairs, so every call finds its data evicted; warm:
- * repeated calls on the same arrays. */
+ * repeated calls on the same arrays. State layout (as benchmarks/bench_layouts.py): sd (the
+ * default), (S, L, D) memory, channels contiguous; ds, (S, D, L) memory (vLLM's DS layout),
+ * channel stride L, time stride 1; hf, (S, D, L + 1) memory of which the kernel gets the last
+ * L columns (transformers' cache view [..., 1:]), channel stride L + 1. spec (the default) or
+ * plain: the mode (plain: L = W - 1, no num_accepted_tokens). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,11 +87,13 @@ static void *alloc(int64_t bytes) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] [bf16|fp16|fp32]\n",
-                argv[0]);
+        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] "
+                "[bf16|fp16|fp32] [sd|ds|hf] [spec|plain]\n", argv[0]);
         return 2;
     }
-    const int64_t B = atol(argv[1]), D = atol(argv[2]), T = 4, L = 6, W = 4;
+    const char *layout = argc > 10 ? argv[10] : "sd";
+    const int plain = argc > 11 && strcmp(argv[11], "plain") == 0;
+    const int64_t B = atol(argv[1]), D = atol(argv[2]), T = 4, W = 4, L = plain ? W - 1 : W - 2 + T;
     const int silu = argc <= 3 || strcmp(argv[3], "none") != 0;
     const int threads = argc > 4 ? atoi(argv[4]) : 1;
     if (gdn_select_isa(argc > 5 ? argv[5] : NULL) != 0) {
@@ -103,6 +110,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int64_t e = dt == GDN_F32 ? 4 : 2;
+    if (strcmp(layout, "sd") != 0 && strcmp(layout, "ds") != 0 && strcmp(layout, "hf") != 0) {
+        fprintf(stderr, "layout %s: one of sd, ds, hf\n", layout);
+        return 2;
+    }
+    const int64_t lead = strcmp(layout, "hf") == 0, cols = L + lead;   /* time columns per channel in memory */
     if (B < 1 || D < 1 || threads < 1) {
         fprintf(stderr, "B, D and threads must be positive\n");
         return 2;
@@ -119,20 +131,23 @@ int main(int argc, char **argv) {
             slots[j] = s;
         }
 
-    const int64_t layer_bytes = (2 * B * T + B * L) * D * e + (raw ? D * W * e : W * D * 4);
+    const int64_t layer_bytes = (2 * B * T + B * cols) * D * e + (raw ? D * W * e : W * D * 4);
     const int64_t nl = layers_for(cold, layer_bytes);
     gdn_update_params *ps = calloc((size_t)nl, sizeof *ps);
     for (int64_t l = 0; l < nl; l++) {
-        char *x = alloc(B * T * D * e), *out = alloc(B * T * D * e), *st = alloc(B * L * D * e);
+        char *x = alloc(B * T * D * e), *out = alloc(B * T * D * e), *st = alloc(B * cols * D * e);
         for (int64_t i = 0; i < B * T * D; i++) put(x, i, 0x3f80 + i % 37, dt), put(out, i, 0, dt);   /* ~1 */
-        for (int64_t i = 0; i < B * L * D; i++) put(st, i, 0x3f00 + i % 41, dt);
+        for (int64_t i = 0; i < B * cols * D; i++) put(st, i, 0x3f00 + i % 41, dt);
         gdn_update_params *p = &ps[l];
         p->batch = B, p->dim = D, p->width = W, p->state_len = L, p->num_slots = B, p->seqlen = T;
         p->pad_slot_id = -1, p->dtype = dt, p->silu = silu;
         p->x = x, p->x_stride_b = T * D, p->x_stride_t = D, p->x_stride_d = 1;
         p->out = out, p->out_stride_b = T * D, p->out_stride_t = D, p->out_stride_d = 1;
-        p->conv_state = st, p->state_stride_s = L * D, p->state_stride_l = D, p->state_stride_d = 1;
-        p->num_accepted_tokens = nat, p->conv_state_indices = slots;
+        if (strcmp(layout, "sd") == 0)
+            p->conv_state = st, p->state_stride_s = L * D, p->state_stride_l = D, p->state_stride_d = 1;
+        else
+            p->conv_state = st + lead * e, p->state_stride_s = cols * D, p->state_stride_l = 1, p->state_stride_d = cols;
+        p->num_accepted_tokens = plain ? NULL : nat, p->conv_state_indices = slots;
         if (raw) {
             char *w = alloc(D * W * e);
             for (int64_t i = 0; i < D * W; i++) put(w, i, 0x3e00 + i % 29, dt);
@@ -169,10 +184,11 @@ int main(int argc, char **argv) {
     }
     double best = us[0];
     for (int k = 1; k < SAMPLES; k++) best = us[k] < best ? us[k] : best;
-    printf("%s B=%ld D=%ld %s threads=%d isa=%s %s %s %s (layers %ld): best %.2f median %.2f us/call; "
+    printf("%s B=%ld D=%ld %s threads=%d isa=%s %s %s %s %s %s (layers %ld): best %.2f median %.2f us/call; "
            "copy %.2f us; kernel/copy %.2f\n",
            dname, (long)B, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
-           perm ? "perm" : "identity", cold ? "cold" : "warm", (long)nl, best, median(us, SAMPLES),
+           perm ? "perm" : "identity", cold ? "cold" : "warm", layout, plain ? "plain" : "spec", (long)nl, best,
+           median(us, SAMPLES),
            median(cu, SAMPLES), median(ratio, SAMPLES));
     return 0;
 }

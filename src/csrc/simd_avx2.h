@@ -221,7 +221,7 @@ GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, in
     for (int k = 0; k < sd; k++) v[k] = k < R ? tc_load8(src + k * bs, e) : _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int m = 0; m < sd; m++) {
-        const __m256i r = tc_gather(v, R, t->idx[m]);
+        const __m256i r = tc_gather(v, sd, t->idx[m]);   /* sd: a constant, R is not */
         if (e == 4) _mm256_maskstore_epi32((int *)(dst + 32 * m), t->keep[m], r);
         else tc_store8(dst + 16 * m, r, e);   /* sd == R: every lane is kept */
     }

@@ -241,7 +241,7 @@ GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) 
         t->idx[m] = tc_add(tc_mul(k, tc_set(line, e), e), j, e);   /* row k, channel j */
         t->keep[m] = 0;
         for (int r = 0; r < R; r++) t->keep[m] |= tc_eq(k, r, e);
-        for (int q = 0; 2 * q < R; q++) t->pick[m][q] = tc_eq(tc_pair(t->idx[m], e), q, e);
+        for (int q = 0; 2 * q < sd; q++) t->pick[m][q] = tc_eq(tc_pair(t->idx[m], e), q, e);
     }
 }
 
@@ -275,7 +275,7 @@ GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, in
     for (int k = 0; k < sd; k++) v[k] = k < R ? _mm512_loadu_si512(src + k * bs) : _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int m = 0; m < sd; m++) {
-        const __m512i r = tc_gather(v, R, t->idx[m], t->pick[m], e);
+        const __m512i r = tc_gather(v, sd, t->idx[m], t->pick[m], e);   /* sd: a constant, R is not */
         if (e == 2) _mm512_mask_storeu_epi16(dst + 64 * m, t->keep[m], r);
         else _mm512_mask_storeu_epi32(dst + 64 * m, (__mmask16)t->keep[m], r);
     }
