@@ -80,12 +80,6 @@ int gdn_num_procs(void) {
 #define GDN_BACKOFF_MAX 1.0
 #define GDN_SLOW_OF_LAST_4 2
 
-#if defined(_MSC_VER) && !defined(__clang__)
-#define GDN_THREAD_LOCAL __declspec(thread)
-#else
-#define GDN_THREAD_LOCAL _Thread_local
-#endif
-
 static GDN_THREAD_LOCAL gdn_adapt_state adapt = {GDN_NO_CAP, 0, 1, 0.0, GDN_BACKOFF_MIN, 0, 0, 0, 0};
 
 static int popcount4(unsigned h) { return (int)((h & 1) + ((h >> 1) & 1) + ((h >> 2) & 1) + ((h >> 3) & 1)); }

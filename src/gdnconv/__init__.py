@@ -45,4 +45,3 @@ def _select_isa_from_env():
 
 
 _select_isa_from_env()
-

@@ -73,8 +73,8 @@ def thread_contention():
     thread uses now), ``last_call_threads`` (the team of this thread's last call,
     explicit or not), ``slow_calls``, ``reductions``, ``probes`` and ``capped_calls``
     (default calls that ran on fewer threads than they would have without the cap;
-    counts since the thread's first call), ``retry_in_s`` (seconds until the next try of a larger team,
-    0 when none is pending).
+    counts since the thread's first call), ``retry_in_s`` (seconds until the next try
+    of a larger team, 0 when none is pending).
     """
     cdef gdn_adapt_state s = gdn_adapt_get()
     cdef int limit = _num_threads
