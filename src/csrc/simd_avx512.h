@@ -104,22 +104,23 @@ GDN_INLINE void taps16(const char *src, const int wdt, const int W, V *t) {
 
 /* silu(y) = y * sigmoid(y), each step across all n vectors so their independent
  * chains interleave; scalef makes subnormals, zero and inf correctly.
- * fp32 outputs: y / (1 + exp(-y)) in float lanes (28 operations per 16 lanes; the
- *   double version took ~44), constants in silu.h (GDN_EXP2_32_*). a = y clamped to
- *   [-120, 120] (below -120 the result is -0, above 120 it is y); exp(-a) =
- *   2^(k/32) e^r, k = round(-a 32 log2 e) by the magic constant, whose low bits index
- *   the 32-entry tables of 2^(j/32) as hi + lo; r = -a - (k/32) ln2 with ln2 as hi +
- *   lo (the hi step is exact), |r| <= ln2/64; e^r - 1 by degree 3 (1e-10). So
- *   exp(-a) = 2^floor(k/32) (th + x), x = th expm1(r) + tl, to ~2e-9. The
- *   denominator is w1 + w2 + x' (scalef by floor(k/32), minus 64 for y < 0 so that
- *   exp(|y|) up to 2^173 stays finite: then the 1 becomes 2^-64 and the result is
- *   scaled back by 2^-64), w1 the larger of the 1 and the exp term, so with q =
- *   y rcp14(w1 + w2 + x') (2^-14) the remainder y - q w1 is exact (Sterbenz) and
- *   q + (y - q w1 - q w2 - q x') rcp14 is one rounding of a value within ~4e-9 of
- *   the quotient; the 2^-64 rescaling rounds subnormal results a second time
+ * fp32 outputs: y / (1 + exp(-y)) in float lanes (29 operations per 16 lanes; in
+ *   double it took ~44), constants in silu.h (GDN_EXP2_32_*). a = y clamped to
+ *   [-120, 120] by vrangeps (below -120 the result is -0, above 120 it is y);
+ *   exp(-a) = 2^(k/32) e^r, k = round(-a 32 log2 e) by the magic constant, whose
+ *   low bits index the 32-entry tables of 2^(j/32) as hi + lo; r = -a - (k/32) ln2
+ *   with ln2 as hi + lo (the hi step is exact), |r| <= ln2/64; e^r - 1 by degree 3
+ *   (1e-10). So exp(-a) = 2^floor(k/32) (th + x), x = th expm1(r) + tl, to ~2e-9.
+ *   The denominator is w1 + w2 + x' (scalef by floor(k/32), minus 64 for y < 0 so
+ *   that exp(|y|) up to 2^173 stays finite: then the 1 becomes 2^-64 and the result
+ *   is scaled back by 2^-64), w1 the larger of the 1 and the exponential's hi part.
+ *   q = y d with d = rcp14 of e (1 + r) + 1 (within 2^-13 of the reciprocal, and
+ *   ready before x'); the remainder y - q w1 is exact (Sterbenz), so q + (y - q w1 -
+ *   q w2 - q x') d is one rounding of a value within ~2e-8 of the quotient (mostly
+ *   d's error squared); the 2^-64 rescaling rounds subnormal results a second time
  *   (within 0.75 ulp). vfixupimm restores +-0 and +inf (y) and gives NaN for -inf
  *   like the reference. benchmarks/silu_exhaustive.c, all 2^32 inputs: 0 outputs
- *   over one ulp (99.8% exact). avx512bf16 shares this code.
+ *   over one ulp. avx512bf16 shares this code.
  * 16-bit outputs (ulp >= 2^-8 relative bf16, 2^-11 fp16): sigmoid = 1/(1 + 2^t),
  *   t = -y log2 e; 2^t = 2^floor(t) p(t - floor(t)) with vreduceps giving the
  *   fraction and scalef applying floor(t); p on [0, 1) of degree 2 (1.7e-3) for
