@@ -7,8 +7,9 @@
 
 #include "convert.h"
 
-/* fp32 outputs, in double: e = exp(a) = 2^m q(r) for a = -|y| clamped at
- * GDN_EXP_ARG_MIN, m = round(a log2 e), r = a - m ln2 in [-ln2/2, ln2/2] (one constant:
+/* fp32 outputs, in double (the portable kernel; avx2 the same with a = -y clamped to
+ * [GDN_EXP_ARG_MIN, -GDN_EXP_ARG_MIN] and y / (1 + e); AVX-512 in float lanes, below):
+ * e = exp(a) = 2^m q(r) for a = -|y| clamped at GDN_EXP_ARG_MIN, m = round(a log2 e), r = a - m ln2 in [-ln2/2, ln2/2] (one constant:
  * |m| <= 1443 makes r's error ~1e-13), q near-minimax of degree 6 (relative error
  * 1.9e-9; degree 5 has 7.5e-8, more than the 2^-24 that one ulp of the result allows
  * at worst). silu = (y < 0 ? y e : y) / (1 + e), the reciprocal to ~4e-9, then one
@@ -24,6 +25,32 @@
 #define GDN_EXP_ARG_MIN -1000.0
 #define GDN_EXP_DEG6 0.0013836845556505085, 0.008374815802223545, 0.041668225577458175, \
                      0.16666420169881113, 0.49999992079780364, 1.000000036323189, 1.000000000554169
+/* fp32 outputs on AVX-512, in float lanes with hi + lo parts (simd_avx512.h's vsilu_n
+ * says how): 2^(j/32) as hi + lo floats (j = 0..31, together within 2^-48), ln 2 as hi
+ * (float(ln 2), so (k/32) hi is exact in an FMA) + lo, expm1 on [-ln2/64, ln2/64] as
+ * r + r^2 (c[1] + c[0] r) (near-minimax, 1e-10), the magic constant 1.5 2^18 whose
+ * float grid is 1/32 (the sum's low 5 mantissa bits are k mod 32, the table index),
+ * the clamp of y (below -120 the result is -0, above 120 it is y) and the vfixupimm
+ * table: +-0 and +inf give y, -inf gives NaN, other classes keep the result. */
+#define GDN_EXP2_32_HI 0x1p+0f, 0x1.059b0ep+0f, 0x1.0b5586p+0f, 0x1.11301ep+0f, 0x1.172b84p+0f, \
+    0x1.1d4874p+0f, 0x1.2387a6p+0f, 0x1.29e9ep+0f, 0x1.306fep+0f, 0x1.371a74p+0f, 0x1.3dea64p+0f, \
+    0x1.44e086p+0f, 0x1.4bfdaep+0f, 0x1.5342b6p+0f, 0x1.5ab07ep+0f, 0x1.6247ecp+0f, 0x1.6a09e6p+0f, \
+    0x1.71f75ep+0f, 0x1.7a1148p+0f, 0x1.82589ap+0f, 0x1.8ace54p+0f, 0x1.93737cp+0f, 0x1.9c4918p+0f, \
+    0x1.a5503cp+0f, 0x1.ae89fap+0f, 0x1.b7f77p+0f, 0x1.c199bep+0f, 0x1.cb720ep+0f, 0x1.d5818ep+0f, \
+    0x1.dfc974p+0f, 0x1.ea4afap+0f, 0x1.f50766p+0f
+#define GDN_EXP2_32_LO 0.0f, -0x1.9d4f52p-25f, 0x1.9f3122p-25f, -0x1.fdb496p-25f, -0x1.c15742p-27f, \
+    -0x1.d2e8cap-25f, 0x1.ceac48p-25f, -0x1.5c0424p-25f, 0x1.4636e2p-25f, -0x1.18aac6p-25f, \
+    0x1.824684p-25f, 0x1.8624b4p-30f, -0x1.593abcp-25f, -0x1.2c561p-25f, -0x1.5bd5ecp-27f, \
+    -0x1.f8b55p-25f, 0x1.9fcef4p-26f, 0x1.1d8beep-25f, -0x1.829fdp-25f, -0x1.accc7cp-26f, \
+    0x1.15506ep-27f, -0x1.e64744p-25f, 0x1.51f848p-27f, -0x1.b83b54p-25f, -0x1.a94b14p-26f, \
+    -0x1.a09438p-25f, -0x1.3d56b2p-27f, -0x1.8837ccp-27f, -0x1.822dbcp-27f, -0x1.908c94p-25f, \
+    0x1.52486cp-27f, -0x1.246ebp-26f
+#define GDN_LN2_HI 0x1.62e43p-1f
+#define GDN_LN2_LO -0x1.05c61p-29f
+#define GDN_EXPM1_32 0x1.5555cep-3f, 0x1.000088p-1f
+#define GDN_EXP2_32_MAGIC 0x1.8p18f
+#define GDN_SILU_CLAMP 120.0f
+#define GDN_SILU_FIXUP 0x00130100
 /* float log2 e, for the 16-bit paths */
 #define GDN_LOG2E 1.44269504f
 /* 16-bit outputs: 2^r on r in [0, 1), near-minimax in relative error: degree 3

@@ -104,11 +104,23 @@ GDN_INLINE void taps16(const char *src, const int wdt, const int W, V *t) {
 
 /* silu(y) = y * sigmoid(y), each step across all n vectors so their independent
  * chains interleave; scalef makes subnormals, zero and inf correctly.
- * fp32 outputs: in double, two 8-lane halves per vector (silu.h's GDN_EXP_DEG6):
- *   e = exp(-|y|) by degree 6, one-constant reduction, scalef (which underflows
- *   to 0 gradually), (y < 0 ? y e : y) (1 + e)^-1 with rcp14 and a Newton step
- *   (~2^-28), one rounding to float: within one ulp for every input, subnormal
- *   results included. avx512bf16 shares this code.
+ * fp32 outputs: y / (1 + exp(-y)) in float lanes (29 operations per 16 lanes; in
+ *   double it took ~44), constants in silu.h (GDN_EXP2_32_*). a = y clamped to
+ *   [-120, 120] by vrangeps (below -120 the result is -0, above 120 it is y);
+ *   exp(-a) = 2^(k/32) e^r, k = round(-a 32 log2 e) by the magic constant, whose
+ *   low bits index the 32-entry tables of 2^(j/32) as hi + lo; r = -a - (k/32) ln2
+ *   with ln2 as hi + lo (the hi step is exact), |r| <= ln2/64; e^r - 1 by degree 3
+ *   (1e-10). So exp(-a) = 2^floor(k/32) (th + x), x = th expm1(r) + tl, to ~2e-9.
+ *   The denominator is w1 + w2 + x' (scalef by floor(k/32), minus 64 for y < 0 so
+ *   that exp(|y|) up to 2^173 stays finite: then the 1 becomes 2^-64 and the result
+ *   is scaled back by 2^-64), w1 the larger of the 1 and the exponential's hi part.
+ *   q = y d with d = rcp14 of e (1 + r) + 1 (within 2^-13 of the reciprocal, and
+ *   ready before x'); the remainder y - q w1 is exact (Sterbenz), so q + (y - q w1 -
+ *   q w2 - q x') d is one rounding of a value within ~2e-8 of the quotient (mostly
+ *   d's error squared); the 2^-64 rescaling rounds subnormal results a second time
+ *   (within 0.75 ulp). vfixupimm restores +-0 and +inf (y) and gives NaN for -inf
+ *   like the reference. benchmarks/silu_exhaustive.c, all 2^32 inputs: 0 outputs
+ *   over one ulp. avx512bf16 shares this code.
  * 16-bit outputs (ulp >= 2^-8 relative bf16, 2^-11 fp16): sigmoid = 1/(1 + 2^t),
  *   t = -y log2 e; 2^t = 2^floor(t) p(t - floor(t)) with vreduceps giving the
  *   fraction and scalef applying floor(t); p on [0, 1) of degree 2 (1.7e-3) for
@@ -148,46 +160,64 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         EACH y[i] = _mm512_mul_ps(y[i], d[i]);
         return;
     }
-    /* fp32: in double (silu.h's GDN_EXP_DEG6), the 16 lanes of y[i] as halves Y[2i], Y[2i+1] */
-    __m512d Y[8], A[8], M[8], Q[8], E[8], N[8];
-    const __m512d oned = _mm512_set1_pd(1.0);
+    /* fp32: y / (1 + exp(-y)) in float lanes, the denominator as hi + lo (silu.h's GDN_EXP2_32) */
+    static const float th[] = {GDN_EXP2_32_HI}, tl[] = {GDN_EXP2_32_LO};
+    const V th0 = _mm512_loadu_ps(th), th1 = _mm512_loadu_ps(th + 16);
+    const V tl0 = _mm512_loadu_ps(tl), tl1 = _mm512_loadu_ps(tl + 16);
+    const V magic = _mm512_set1_ps(GDN_EXP2_32_MAGIC), lo64 = _mm512_set1_ps(0x1p-64f);
+    V yn[4], a[4], t[4], m[4], r[4], e[4], x[4], w1[4], w2[4], d[4], q[4];
+    __mmask16 neg[4];
 #pragma GCC unroll 4
-    EACH {
-        Y[2 * i] = _mm512_cvtps_pd(_mm512_castps512_ps256(y[i]));
-        Y[2 * i + 1] = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y[i]), 1)));
-    }
-#define EACH2 for (int i = 0; i < 2 * n; i++)
-#pragma GCC unroll 8
-    EACH2 A[i] = _mm512_max_pd(_mm512_set1_pd(GDN_EXP_ARG_MIN),   /* NaN passes: max returns operand 2 */
-                               _mm512_castsi512_pd(_mm512_or_si512(_mm512_castpd_si512(Y[i]),
-                                                                   _mm512_set1_epi64((long long)0x8000000000000000ull))));
-#pragma GCC unroll 8
-    EACH2 M[i] = _mm512_roundscale_pd(_mm512_mul_pd(A[i], _mm512_set1_pd(GDN_LOG2E_D)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-#pragma GCC unroll 8
-    EACH2 A[i] = _mm512_fnmadd_pd(M[i], _mm512_set1_pd(GDN_LN2_D), A[i]);              /* r */
-    static const double c6[] = {GDN_EXP_DEG6};
-#pragma GCC unroll 8
-    EACH2 Q[i] = _mm512_fmadd_pd(_mm512_set1_pd(c6[0]), A[i], _mm512_set1_pd(c6[1]));
-#pragma GCC unroll 5
-    for (int k = 2; k < 7; k++)
-#pragma GCC unroll 8
-        EACH2 Q[i] = _mm512_fmadd_pd(Q[i], A[i], _mm512_set1_pd(c6[k]));
-#pragma GCC unroll 8
-    EACH2 E[i] = _mm512_scalef_pd(Q[i], M[i]);     /* e: 0 for m <~ -1075 */
-#pragma GCC unroll 8
-    EACH2 A[i] = _mm512_add_pd(oned, E[i]);        /* 1 + e */
-#pragma GCC unroll 8
-    EACH2 Q[i] = _mm512_rcp14_pd(A[i]);
-#pragma GCC unroll 8
-    EACH2 Q[i] = _mm512_fmadd_pd(Q[i], _mm512_fnmadd_pd(A[i], Q[i], oned), Q[i]);   /* ~2^-28 */
-#pragma GCC unroll 8
-    EACH2 N[i] = _mm512_mask_mul_pd(Y[i], _mm512_cmp_pd_mask(Y[i], _mm512_setzero_pd(), _CMP_LT_OQ), Y[i], E[i]);
+    EACH yn[i] = _mm512_max_ps(_mm512_set1_ps(-GDN_SILU_CLAMP), y[i]);   /* NaN passes: max returns operand 2 */
 #pragma GCC unroll 4
-    EACH y[i] = _mm512_castpd_ps(_mm512_insertf64x4(
-        _mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_mul_pd(N[2 * i], Q[2 * i])))),
-        _mm256_castps_pd(_mm512_cvtpd_ps(_mm512_mul_pd(N[2 * i + 1], Q[2 * i + 1]))), 1));
-#undef EACH2
+    EACH a[i] = _mm512_range_ps(y[i], _mm512_set1_ps(GDN_SILU_CLAMP), 0x2);   /* |a| = min(|y|, 120), y's sign */
+#pragma GCC unroll 4
+    EACH t[i] = _mm512_fmadd_ps(a[i], _mm512_set1_ps(-GDN_LOG2E), magic); /* magic + k/32 */
+#pragma GCC unroll 4
+    EACH m[i] = _mm512_sub_ps(t[i], magic);                                /* k/32 */
+#pragma GCC unroll 4
+    EACH r[i] = _mm512_fnmsub_ps(m[i], _mm512_set1_ps(GDN_LN2_HI), a[i]); /* -a - k ln2/32, exact */
+#pragma GCC unroll 4
+    EACH r[i] = _mm512_fnmadd_ps(m[i], _mm512_set1_ps(GDN_LN2_LO), r[i]);
+    static const float c[] = {GDN_EXPM1_32};
+#pragma GCC unroll 4
+    EACH x[i] = _mm512_fmadd_ps(_mm512_mul_ps(r[i], r[i]), _mm512_fmadd_ps(r[i], _mm512_set1_ps(c[0]), _mm512_set1_ps(c[1])),
+                                r[i]);                                     /* expm1(r) */
+#pragma GCC unroll 4
+    EACH e[i] = _mm512_permutex2var_ps(th0, _mm512_castps_si512(t[i]), th1);
+#pragma GCC unroll 4
+    EACH x[i] = _mm512_fmadd_ps(e[i], x[i], _mm512_permutex2var_ps(tl0, _mm512_castps_si512(t[i]), tl1));
+#pragma GCC unroll 4
+    EACH neg[i] = _mm512_cmp_ps_mask(y[i], _mm512_setzero_ps(), _CMP_LT_OQ);
+#pragma GCC unroll 4
+    EACH m[i] = _mm512_mask_sub_ps(m[i], neg[i], m[i], _mm512_set1_ps(64.0f));
+#pragma GCC unroll 4
+    EACH e[i] = _mm512_scalef_ps(e[i], m[i]);
+#pragma GCC unroll 4
+    EACH x[i] = _mm512_scalef_ps(x[i], m[i]);
+#pragma GCC unroll 4
+    EACH w1[i] = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), neg[i], e[i]);   /* the larger term */
+#pragma GCC unroll 4
+    EACH w2[i] = _mm512_mask_mov_ps(e[i], neg[i], lo64);
+    /* the reciprocal of e (1 + r) + (y < 0 ? 2^-64 : 1), within 6e-5 of the denominator
+     * but ready four operations earlier: d within 2^-13 of 1 / denominator */
+#pragma GCC unroll 4
+    EACH d[i] = _mm512_rcp14_ps(_mm512_fmadd_ps(e[i], _mm512_add_ps(r[i], _mm512_set1_ps(1.0f)),
+                                                _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), neg[i], lo64)));
+#pragma GCC unroll 4
+    EACH q[i] = _mm512_mul_ps(yn[i], d[i]);
+#pragma GCC unroll 4
+    EACH r[i] = _mm512_fnmadd_ps(q[i], w1[i], yn[i]);                      /* exact (Sterbenz) */
+#pragma GCC unroll 4
+    EACH r[i] = _mm512_fnmadd_ps(q[i], w2[i], r[i]);
+#pragma GCC unroll 4
+    EACH r[i] = _mm512_fnmadd_ps(q[i], x[i], r[i]);
+#pragma GCC unroll 4
+    EACH q[i] = _mm512_fmadd_ps(r[i], d[i], q[i]);
+#pragma GCC unroll 4
+    EACH q[i] = _mm512_mask_mul_ps(q[i], neg[i], q[i], lo64);
+#pragma GCC unroll 4
+    EACH y[i] = _mm512_fixupimm_ps(q[i], y[i], _mm512_set1_epi32(GDN_SILU_FIXUP), 0);
 }
 #undef EACH
 
