@@ -94,6 +94,30 @@ def test_channel_tails_and_array_end(isa, rng, dtype, D):
         assert_bits_equal(np.ascontiguousarray(st), st_sd, layout)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+@pytest.mark.parametrize("T", [8, 9, 19])
+def test_more_tokens_than_a_slab(isa, rng, dtype, mode, T):
+    """T past the kernel's 8-token staging slab: the speculative roll is written slab by
+    slab (rows 0..W-3+8, then 8 or fewer rows at a time), transposed for every layout."""
+    x, values, w, b, kw = make(rng, dtype, 4, 300, mode, T=T)
+    st_sd = values.copy()
+    out_sd = gdnconv.conv_update_multi(x, st_sd, w, b, **kw)
+    ref_out, ref_state, mag = reference(x, values, w, b, **kw)
+    rows = ~skipped_rows(x.shape, kw["conv_state_indices"], kw.get("query_start_loc"))
+    assert_outputs_close(out_sd, ref_out, mag, out_sd.dtype, silu=True, rows=rows)
+    assert_bits_equal(st_sd, ref_state, "channel-contiguous conv_state")
+    for layout, (before, after) in LAYOUTS.items():
+        mem, st = time_contiguous(values, layout)
+        outside = bits(mem).copy()
+        out = gdnconv.conv_update_multi(x, st, w, b, **kw)
+        assert np.array_equal(bits(out), bits(out_sd)), layout
+        assert_bits_equal(np.ascontiguousarray(st), st_sd, f"{layout} conv_state")
+        L = values.shape[1]
+        for cols in (slice(0, before), slice(before + L, before + L + after)):
+            assert np.array_equal(bits(mem)[..., cols], outside[..., cols]), f"{layout}: wrote outside the view"
+
+
 def test_transformers_cache_view(isa, rng):
     """transformers' (B, D, W) cache, bf16, plain decode: the view [..., 1:] (channel stride
     W) runs the SIMD entry and leaves column 0 alone."""

@@ -11,10 +11,12 @@
 
 #if defined(_MSC_VER) && !defined(__clang__)
 #define GDN_INLINE static __forceinline
+#define GDN_NOINLINE __declspec(noinline)
 #define GDN_ALIGN64 __declspec(align(64))
 #define GDN_THREAD_LOCAL __declspec(thread)
 #else
 #define GDN_INLINE static inline __attribute__((always_inline))
+#define GDN_NOINLINE __attribute__((noinline))
 #define GDN_ALIGN64 __attribute__((aligned(64)))
 #define GDN_THREAD_LOCAL _Thread_local
 #endif

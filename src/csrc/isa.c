@@ -9,12 +9,12 @@
 /* Best first; the first supported row is the default; the portable row is last. */
 static const gdn_isa table[] = {
 #ifdef GDN_HAVE_X86_SIMD
-    {"avx512bf16", AVX512_FEATURES | F(AVX512_BF16), gdn_update_avx512bf16, gdn_update_tc_avx512bf16,
+    {"avx512bf16", AVX512_FEATURES | F(AVX512_BF16), gdn_update_avx512bf16, 1,
      gdn_fill_avx512, 1, gdn_prefill_avx512bf16},
-    {"avx512", AVX512_FEATURES, gdn_update_avx512, gdn_update_tc_avx512, gdn_fill_avx512, 1, gdn_prefill_avx512},
-    {"avx2", AVX2_FEATURES, gdn_update_avx2, gdn_update_tc_avx2, gdn_fill_avx2, 1, gdn_prefill_avx2},
+    {"avx512", AVX512_FEATURES, gdn_update_avx512, 1, gdn_fill_avx512, 1, gdn_prefill_avx512},
+    {"avx2", AVX2_FEATURES, gdn_update_avx2, 1, gdn_fill_avx2, 1, gdn_prefill_avx2},
 #endif
-    {"scalar", 0, gdn_update_scalar, NULL, NULL, GDN_BLOCK_REQUESTS, gdn_prefill_scalar},
+    {"scalar", 0, gdn_update_scalar, 0, NULL, GDN_BLOCK_REQUESTS, gdn_prefill_scalar},
 };
 #define COUNT ((int)(sizeof(table) / sizeof(table[0])))
 

@@ -10,12 +10,12 @@
 typedef struct gdn_isa {
     const char *name;                /* lower case: file suffix, GDNCONV_ISA value, test id */
     uint32_t requires;               /* GDN_FEATURE_BIT()s this ISA needs */
-    /* the update: its kernel for unit channel strides; its kernel for a time-contiguous
-     * conv_state (time stride 1, channel stride >= L; x and out with unit channel stride;
-     * NULL: the portable kernel takes it); the weight conversion into a thread's scratch
-     * (NULL: the kernel converts its own); requests per unit */
+    /* the update: its kernel for x and out with unit channel stride; whether that kernel
+     * also takes a time-contiguous conv_state (time stride 1, channel stride >= L; 0: the
+     * portable kernel takes it); the weight conversion into a thread's scratch (NULL:
+     * the kernel converts its own); requests per unit */
     gdn_update_kernel_fn update;
-    gdn_update_kernel_fn update_tc;
+    int update_tc;
     gdn_fill_fn update_fill;
     int update_requests_per_unit;
     /* the prefill: its kernel for x and out with unit channel stride */

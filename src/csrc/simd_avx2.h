@@ -151,7 +151,7 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 }
 #undef EACH
 
-/* ---- transposition of a time-contiguous state (update_simd.h's simd_kernel_tc) ----
+/* ---- transposition of a time-contiguous state (update_simd.h's tc_load / tc_save) ----
  * Eight channels at a time in dword lanes (16-bit elements zero-extended on the way in,
  * packed on the way out). In: the block (element (k, j) at j*sd + k) is sd vectors and
  * row k takes lane j from element j*sd + k; out: block vector m takes lane i from row

@@ -221,7 +221,7 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 }
 #undef EACH
 
-/* ---- transposition of a time-contiguous state (update_simd.h's simd_kernel_tc) ----
+/* ---- transposition of a time-contiguous state (update_simd.h's tc_load / tc_save) ----
  * One 64-byte line of channels (32 16-bit or 16 fp32 lanes) at a time, raw bits. In:
  * the line's block (element (k, j) at j*sd + k) is sd vectors, and row k takes lane j
  * from element j*sd + k of them. Out: block vector m takes lane i from row k, channel j,

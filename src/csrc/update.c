@@ -59,7 +59,7 @@ int64_t gdn_update_bytes(const gdn_update_params *p) {
 typedef struct {
     const gdn_update_params *p;
     const gdn_isa *isa;
-    gdn_update_kernel_fn kernel; /* isa->update or isa->update_tc */
+    gdn_update_kernel_fn kernel; /* isa->update */
     int64_t blocks, per_unit;    /* channel blocks; requests per unit */
     int convert;                 /* each thread converts the weights once into its scratch */
 } update_run;
@@ -130,7 +130,8 @@ int gdn_update_last_path(const char **isa, const char **entry) {
 /* The kernel entry for the call's strides: x and out must have unit channel stride
  * (the Python layer copies a strided x); then a channel-contiguous conv_state takes the
  * ISA's update, a time-contiguous one (time stride 1, or one row; channel stride >= L,
- * so channels are whole and ascending) its update_tc; anything else the portable kernel. */
+ * so channels are whole and ascending) too where the ISA's update_tc says so; anything
+ * else the portable kernel. */
 static void pick_kernel(const gdn_update_params *p, update_run *run) {
     const gdn_isa *active = gdn_isa_active();
     const int xo_unit = p->x_stride_d == 1 && p->out_stride_d == 1;
@@ -142,7 +143,7 @@ static void pick_kernel(const gdn_update_params *p, update_run *run) {
     } else if (xo_unit && active->update_tc && (p->state_stride_l == 1 || p->state_len == 1) &&
                sd >= p->state_len && sd > 1) {
         run->isa = active;
-        run->kernel = active->update_tc;
+        run->kernel = active->update;
         last_entry = "state-time-contiguous";
     } else {
         run->isa = gdn_isa_portable();

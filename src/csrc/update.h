@@ -24,13 +24,10 @@ typedef void (*gdn_fill_fn)(const gdn_update_params *p, int64_t c0, int64_t c1, 
 void gdn_update_scalar(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
 #ifdef GDN_HAVE_X86_SIMD
 void gdn_update_avx2(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
-void gdn_update_tc_avx2(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
 void gdn_fill_avx2(const gdn_update_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b);
 void gdn_update_avx512(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
-void gdn_update_tc_avx512(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
 void gdn_fill_avx512(const gdn_update_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b);
 void gdn_update_avx512bf16(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
-void gdn_update_tc_avx512bf16(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
 #endif
 
 /* ---- one request ---- */

@@ -14,10 +14,6 @@ void gdn_update_avx2(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t
     simd_kernel(p, r0, r1, c0, c1, 0);
 }
 
-void gdn_update_tc_avx2(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    simd_kernel_tc(p, r0, r1, c0, c1, gdn_update_avx2);
-}
-
 void gdn_fill_avx2(const gdn_update_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
     simd_fill(p, c0, c1, w, ld, b);
 }

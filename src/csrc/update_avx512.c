@@ -15,10 +15,6 @@ void gdn_update_avx512(const gdn_update_params *p, int64_t r0, int64_t r1, int64
     simd_kernel(p, r0, r1, c0, c1, 0);
 }
 
-void gdn_update_tc_avx512(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    simd_kernel_tc(p, r0, r1, c0, c1, gdn_update_avx512);
-}
-
 /* the weight conversion of avx512 and avx512bf16 (it uses no AVX512-BF16 instruction) */
 void gdn_fill_avx512(const gdn_update_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
     simd_fill(p, c0, c1, w, ld, b);

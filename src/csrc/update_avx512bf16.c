@@ -17,9 +17,5 @@ void gdn_update_avx512bf16(const gdn_update_params *p, int64_t r0, int64_t r1, i
     else gdn_update_avx512(p, r0, r1, c0, c1);
 }
 
-void gdn_update_tc_avx512bf16(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    simd_kernel_tc(p, r0, r1, c0, c1, gdn_update_avx512bf16);
-}
-
 GDN_TARGET_END
 #endif

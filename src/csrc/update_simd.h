@@ -12,8 +12,8 @@
  *                           GDN_BF16_NATIVE, lo then hi, exactly as two st_raw(from_f32)
  *   GDN_SIMD_OPAQUE(v)      an empty asm statement that keeps v in a register
  *   TC_LINE, tc_plan, tc_plan_in/out, tc_in/out, tc_out_ok: the transposition of a
- *                           time-contiguous state (see simd_kernel_tc)
- * and then defines its kernels as calls of simd_kernel(), simd_kernel_tc() and simd_fill().
+ *                           time-contiguous state (see state_in / state_out)
+ * and then defines its kernels as calls of simd_kernel() and simd_fill().
  * Vectors of 128 bits or more (LANES >= 4 fp32 lanes): a line step takes up to four
  * vectors, one 64-byte line of x86 vectors or 16 channels of 128-bit ones.
  * Channels past the last whole line step of a block go to the shared scalar core. */
@@ -43,6 +43,88 @@ GDN_INLINE void simd_copy(char *dst, const char *src, int64_t bytes) {
     }
 }
 
+/* ---- time-contiguous conv_state ----
+ * conv_state[s, l, d] at l + d * sd (time stride 1, channel stride sd >= L): vLLM's
+ * DS layout (S, D, L) passed transposed (sd = L), transformers' (B, D, W) cache as
+ * [..., 1:] (sd = W), or padded. simd_unit moves state rows through its staging
+ * buffer either way (state_in / state_out below): a channel-contiguous state row by
+ * row, a time-contiguous one transposed on the way, so the outputs and the state are
+ * those of the channel-contiguous call, bit for bit. The ISA header provides, for
+ * sd <= GDN_TC_MAX_SD, the register transposition of one 64-byte line of channels
+ * (TC_LINE(e) channels of e-byte elements, a tc_plan built once per call of
+ * tc_load / tc_save):
+ *   tc_plan_in(t, sd, R, e)   tc_in(dst, bs, src, sd, R, t, e): dst row k (dst + k*bs)
+ *                             <- src elements j*sd + k, k < R; reads src[0, TC_LINE*sd)
+ *   tc_plan_out(t, sd, R, e)  tc_out(dst, sd, R, src, bs, t, e): the inverse, writing
+ *                             only elements j*sd + k, k < R; tc_out_ok(sd, R, e) says
+ *                             whether it can (element loops otherwise). */
+#define GDN_TC_MAX_SD GDN_MAX_WIDTH
+
+/* A switch on (sd, e) that runs F(SD, E) with both as constants, for 2 <= sd <= GDN_TC_MAX_SD. */
+#define TC_CASES(F, E)                                                                 \
+    case 2 * 8 + E: F(2, E); break;                                                    \
+    case 3 * 8 + E: F(3, E); break;                                                    \
+    case 4 * 8 + E: F(4, E); break;                                                    \
+    case 5 * 8 + E: F(5, E); break;                                                    \
+    case 6 * 8 + E: F(6, E); break;                                                    \
+    case 7 * 8 + E: F(7, E); break;                                                    \
+    case 8 * 8 + E: F(8, E); break;
+#define TC_SWITCH(sd, e, F) switch ((sd) * 8 + (e)) { TC_CASES(F, 2) TC_CASES(F, 4) default: break; }
+
+/* Rows [0, R) of channels [0, n) from st (element (k, c) at k + c*sd) to tmp rows bs
+ * bytes apart. room: channels from st's to the array's last, inclusive; a line is read
+ * whole only when a channel follows it, so no read passes the array's last element. */
+static GDN_NOINLINE void tc_load(char *tmp, int64_t bs, const char *st, int64_t sd, int R, int64_t n, int64_t room,
+                        const int dt) {
+    const int e = gdn_elsize(dt), line = TC_LINE(e);
+    int64_t c = 0;
+    if (sd <= GDN_TC_MAX_SD) {
+        const int64_t nl = (n < room - 1 ? n : room - 1) / line * line;   /* whole lines read */
+        tc_plan t;
+        tc_plan_in(&t, (int)sd, R, e);
+#define TC_IN(SD, E) for (; c < nl; c += line) tc_in(tmp + E * c, bs, st + E * c * SD, SD, R, &t, E)
+        TC_SWITCH(sd, e, TC_IN)
+#undef TC_IN
+    }
+    for (; c < n; c++)
+        for (int k = 0; k < R; k++) gdn_store_raw(tmp + k * bs, c, gdn_load_raw(st, c * sd + k, dt), dt);
+}
+
+/* The inverse: tmp rows [0, R) of channels [0, n) to st; writes nothing else. */
+static GDN_NOINLINE void tc_save(char *st, int64_t sd, int R, const char *tmp, int64_t bs, int64_t n, const int dt) {
+    const int e = gdn_elsize(dt), line = TC_LINE(e);
+    int64_t c = 0;
+    if (sd <= GDN_TC_MAX_SD && tc_out_ok((int)sd, R, e)) {
+        const int64_t nl = n / line * line;
+        tc_plan t;
+        tc_plan_out(&t, (int)sd, R, e);
+#define TC_OUT(SD, E) for (; c < nl; c += line) tc_out(st + E * c * SD, SD, R, tmp + E * c, bs, &t, E)
+        TC_SWITCH(sd, e, TC_OUT)
+#undef TC_OUT
+    }
+    for (; c < n; c++)
+        for (int k = 0; k < R; k++) gdn_store_raw(st, c * sd + k, gdn_load_raw(tmp + k * bs, c, dt), dt);
+}
+
+/* State rows [0, R) at st (rows sl bytes apart, channels sd elements apart) of the
+ * unit's n channels (whole line steps) to buf rows bs bytes apart, and back. room:
+ * as tc_load's. */
+GDN_INLINE void state_in(char *buf, int64_t bs, const char *st, int64_t sl, int64_t sd, int R, int64_t n,
+                         int64_t room, const int dt) {
+    if (sd == 1)
+        for (int k = 0; k < R; k++) simd_copy(buf + k * bs, st + k * sl, n * gdn_elsize(dt));
+    else
+        tc_load(buf, bs, st, sd, R, n, room, dt);
+}
+
+GDN_INLINE void state_out(char *st, int64_t sl, int64_t sd, int R, const char *buf, int64_t bs, int64_t n,
+                          const int dt) {
+    if (sd == 1)
+        for (int k = 0; k < R; k++) simd_copy(st + k * sl, buf + k * bs, n * gdn_elsize(dt));
+    else
+        tc_save(st, sd, R, buf, bs, n, dt);
+}
+
 /* One (requests, channel block) unit for constant dtype, width and activation.
  *
  * Every row a request touches is staged through a small buffer, row by row: the
@@ -52,7 +134,8 @@ GDN_INLINE void simd_copy(char *dst, const char *src, int64_t bytes) {
  * against 1.0 when D=8704). Per slab of up to GDN_SLAB tokens:
  *   buf rows 0..H-1 = the window (conv_state rows off..off+H-1, then the last H
  *   inputs of the previous slab), rows H.. = the slab's tokens (raw bits);
- *   the state roll is written from buf, row by row; the convolution reads buf,
+ *   the state roll is written from buf (state_out: row by row, or transposed for a
+ *   time-contiguous state, as state_in read the window); the convolution reads buf,
  *   with weights and history in registers, and writes out. Everything is read
  *   before anything is written, so out may be x. */
 GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
@@ -60,6 +143,7 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
                           const int silu) {
     const int H = W - 1;
     const int64_t e = gdn_elsize(dt), ve = LANES * e, sl = p->state_stride_l * e;
+    const int64_t sd = p->state_stride_d;   /* 1, or > 1: time-contiguous */
     const int64_t xt = p->x_stride_t * e, ot = p->out_stride_t * e;
     const int NV = ve >= 64 ? 1 : 64 / ve > 4 ? 4 : (int)(64 / ve);  /* vectors per line step */
     const int G = 4 / NV;                             /* tokens per group: G * NV = 4 vectors */
@@ -70,17 +154,17 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     for (int64_t i = r0; i < r1; i++) {
         const gdn_request r = gdn_get_request(p, i);
         if (r.skip) continue;
-        char *st = r.state + e * c0;     /* [L, D] at channel c0 */
+        char *st = r.state + e * c0 * sd;   /* row 0 at channel c0 */
         if (nline > 0) {
-            for (int k = 0; k < H; k++) simd_copy(buf + k * bs, st + (r.off + k) * sl, bytes);
-            if (spec)  /* rows 0..W-3 <- window rows 1..W-2 */
-                for (int k = 0; k + 1 < H; k++) simd_copy(st + k * sl, buf + (k + 1) * bs, bytes);
+            state_in(buf, bs, st + r.off * sl, sl, sd, H, nline, p->dim - c0, p->dtype);
             for (int64_t t0 = 0; t0 < r.T; t0 += GDN_SLAB) {
                 const int64_t nt = r.T - t0 < GDN_SLAB ? r.T - t0 : GDN_SLAB;
                 for (int64_t j = 0; j < nt; j++)
                     simd_copy(buf + (H + j) * bs, r.x + e * c0 + (t0 + j) * xt, bytes);
-                if (spec)  /* rows W-2+t <- x[t] */
-                    for (int64_t j = 0; j < nt; j++) simd_copy(st + (W - 2 + t0 + j) * sl, buf + (H + j) * bs, bytes);
+                if (spec && t0 == 0)  /* the roll: rows 0..W-3 <- window rows 1..W-2, rows W-2+t <- x[t] */
+                    state_out(st, sl, sd, H - 1 + (int)nt, buf + bs, bs, nline, p->dtype);
+                else if (spec)
+                    state_out(st + (W - 2 + t0) * sl, sl, sd, (int)nt, buf + H * bs, bs, nline, p->dtype);
                 char *os = r.out + e * c0 + t0 * ot;
                 for (int64_t c = 0; c < nline; c += step) {
                     V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
@@ -106,7 +190,7 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
                     simd_copy(buf, buf + nt * bs, H * bs);
             }
             if (!spec)  /* rows 0..W-2 <- the last W-1 inputs of the window */
-                for (int k = 0; k < H; k++) simd_copy(st + k * sl, buf + k * bs, bytes);
+                state_out(st, sl, sd, H, buf, bs, nline, p->dtype);
         }
         if (nline < c1 - c0) gdn_update_scalar_range(p, &r, 1, c0 + nline, c1);
     }
@@ -220,100 +304,3 @@ GDN_INLINE void simd_kernel(const gdn_update_params *p, int64_t r0, int64_t r1, 
     }
 }
 
-/* ---- time-contiguous conv_state ----
- * conv_state[s, l, d] at l + d * sd (time stride 1, channel stride sd >= L): vLLM's
- * DS layout (S, D, L) passed transposed (sd = L), transformers' (B, D, W) cache as
- * [..., 1:] (sd = W), or padded. Per request and block, the rows the channel-contiguous
- * kernel reads are transposed into a channel-contiguous copy of the block (rows
- * GDN_BLOCK_CHANNELS elements apart, L1-resident), that kernel runs on the copy as on
- * any state, and the rows it wrote are transposed back: the outputs and the state are
- * those of the channel-contiguous call, bit for bit. The ISA header provides, for
- * sd <= GDN_TC_MAX_SD, the register transposition of one 64-byte line of channels
- * (TC_LINE(e) channels of e-byte elements, a tc_plan built once per block):
- *   tc_plan_in(t, sd, R, e)   tc_in(dst, bs, src, sd, R, t, e): dst row k (dst + k*bs)
- *                             <- src elements j*sd + k, k < R; reads src[0, TC_LINE*sd)
- *   tc_plan_out(t, sd, R, e)  tc_out(dst, sd, R, src, bs, t, e): the inverse, writing
- *                             only elements j*sd + k, k < R; tc_out_ok(sd, R, e) says
- *                             whether it can (element loops otherwise). */
-#define GDN_TC_MAX_SD GDN_MAX_WIDTH
-#define GDN_TC_ROWS 16   /* state rows the copy holds on the stack; more are allocated */
-
-/* A switch on (sd, e) that runs F(SD, E) with both as constants, for 2 <= sd <= GDN_TC_MAX_SD. */
-#define TC_CASES(F, E)                                                                 \
-    case 2 * 8 + E: F(2, E); break;                                                    \
-    case 3 * 8 + E: F(3, E); break;                                                    \
-    case 4 * 8 + E: F(4, E); break;                                                    \
-    case 5 * 8 + E: F(5, E); break;                                                    \
-    case 6 * 8 + E: F(6, E); break;                                                    \
-    case 7 * 8 + E: F(7, E); break;                                                    \
-    case 8 * 8 + E: F(8, E); break;
-#define TC_SWITCH(sd, e, F) switch ((sd) * 8 + (e)) { TC_CASES(F, 2) TC_CASES(F, 4) default: break; }
-
-/* Rows [0, R) of channels [0, n) from st (element (k, c) at k + c*sd) to tmp rows bs
- * bytes apart. room: channels from st's to the array's last, inclusive; a line is read
- * whole only when a channel follows it, so no read passes the array's last element. */
-GDN_INLINE void tc_load(char *tmp, int64_t bs, const char *st, int64_t sd, int R, int64_t n, int64_t room,
-                        const int dt) {
-    const int e = gdn_elsize(dt), line = TC_LINE(e);
-    int64_t c = 0;
-    if (sd <= GDN_TC_MAX_SD) {
-        const int64_t nl = (n < room - 1 ? n : room - 1) / line * line;   /* whole lines read */
-        tc_plan t;
-        tc_plan_in(&t, (int)sd, R, e);
-#define TC_IN(SD, E) for (; c < nl; c += line) tc_in(tmp + E * c, bs, st + E * c * SD, SD, R, &t, E)
-        TC_SWITCH(sd, e, TC_IN)
-#undef TC_IN
-    }
-    for (; c < n; c++)
-        for (int k = 0; k < R; k++) gdn_store_raw(tmp + k * bs, c, gdn_load_raw(st, c * sd + k, dt), dt);
-}
-
-/* The inverse: tmp rows [0, R) of channels [0, n) to st; writes nothing else. */
-GDN_INLINE void tc_save(char *st, int64_t sd, int R, const char *tmp, int64_t bs, int64_t n, const int dt) {
-    const int e = gdn_elsize(dt), line = TC_LINE(e);
-    int64_t c = 0;
-    if (sd <= GDN_TC_MAX_SD && tc_out_ok((int)sd, R, e)) {
-        const int64_t nl = n / line * line;
-        tc_plan t;
-        tc_plan_out(&t, (int)sd, R, e);
-#define TC_OUT(SD, E) for (; c < nl; c += line) tc_out(st + E * c * SD, SD, R, tmp + E * c, bs, &t, E)
-        TC_SWITCH(sd, e, TC_OUT)
-#undef TC_OUT
-    }
-    for (; c < n; c++)
-        for (int k = 0; k < R; k++) gdn_store_raw(st, c * sd + k, gdn_load_raw(tmp + k * bs, c, dt), dt);
-}
-
-/* The kernel for a time-contiguous conv_state: kernel (the ISA's channel-contiguous
- * one) on the transposed copy, request by request. The copy is the state of a call
- * with one slot (stride 0) whose rows are GDN_BLOCK_CHANNELS elements apart. */
-GDN_INLINE void simd_kernel_tc(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
-                               gdn_update_kernel_fn kernel) {
-    const int dt = p->dtype, e = gdn_elsize(dt);
-    const int64_t sd = p->state_stride_d, W = p->width, H = W - 1, n = c1 - c0;
-    const int64_t bs = GDN_BLOCK_CHANNELS * e;
-    const int spec = p->num_accepted_tokens != NULL;
-    GDN_ALIGN64 char stack[GDN_TC_ROWS * GDN_BLOCK_CHANNELS * 4];
-    gdn_update_params q = *p;
-    q.state_stride_s = 0;
-    q.state_stride_l = GDN_BLOCK_CHANNELS;
-    q.state_stride_d = 1;
-    for (int64_t i = r0; i < r1; i++) {
-        const gdn_request r = gdn_get_request(p, i);
-        if (r.skip) continue;
-        const int64_t nout = spec ? W - 2 + r.T : H;           /* rows the roll writes */
-        const int64_t rows = r.off + H > nout ? r.off + H : nout;
-        char *tmp = rows <= GDN_TC_ROWS ? stack : (char *)malloc((size_t)(rows * bs));
-        if (!tmp) {   /* no memory for a long speculative request: the portable core */
-            gdn_update_scalar_range(p, &r, 1, c0, c1);
-            continue;
-        }
-        char *st = r.state + e * c0 * sd;                        /* [D, L] at channel c0 */
-        tc_load(tmp + r.off * bs, bs, st + e * r.off, sd, (int)H, n, p->dim - c0, dt);
-        /* the copy's channel c0 is tmp (the kernel adds c0 to the state pointer) */
-        q.conv_state = (void *)((uintptr_t)tmp - (uintptr_t)(e * c0));
-        kernel(&q, i, i + 1, c0, c1);
-        tc_save(st, sd, (int)nout, tmp, bs, n, dt);
-        if (tmp != stack) free(tmp);
-    }
-}
