@@ -51,12 +51,10 @@ def _simd_entry(isa, layout_kind):
         "state-channel-contiguous" if layout_kind == "state-channel-contiguous" else "any-strides")
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("W", range(2, 9))
-@pytest.mark.parametrize("mode", ["plain", "spec", "varlen"])
-def test_time_contiguous_matches_channel_contiguous(isa, rng, dtype, W, mode):
-    """D = 300: a block of 256 channels and a tail that is no whole vector line."""
-    x, values, w, b, kw = make(rng, dtype, W, 300, mode)
+def check_every_layout(isa, x, values, w, b, kw):
+    """The channel-contiguous call against the reference, then the same call on every
+    layout of LAYOUTS: the SIMD entry ran, outputs and states bit for bit the same, and
+    nothing written outside the view."""
     st_sd = values.copy()
     out_sd = gdnconv.conv_update_multi(x, st_sd, w, b, **kw)
     assert gdnconv.last_path() == _simd_entry(isa, "state-channel-contiguous")
@@ -76,6 +74,14 @@ def test_time_contiguous_matches_channel_contiguous(isa, rng, dtype, W, mode):
         L = values.shape[1]
         for cols in (slice(0, before), slice(before + L, before + L + after)):
             assert np.array_equal(bits(mem)[..., cols], outside[..., cols]), f"{layout}: wrote outside the view"
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("W", range(2, 9))
+@pytest.mark.parametrize("mode", ["plain", "spec", "varlen"])
+def test_time_contiguous_matches_channel_contiguous(isa, rng, dtype, W, mode):
+    """D = 300: a block of 256 channels and a tail that is no whole vector line."""
+    check_every_layout(isa, *make(rng, dtype, W, 300, mode))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -100,22 +106,7 @@ def test_channel_tails_and_array_end(isa, rng, dtype, D):
 def test_more_tokens_than_a_slab(isa, rng, dtype, mode, T):
     """T past the kernel's 8-token staging slab: the speculative roll is written slab by
     slab (rows 0..W-3+8, then 8 or fewer rows at a time), transposed for every layout."""
-    x, values, w, b, kw = make(rng, dtype, 4, 300, mode, T=T)
-    st_sd = values.copy()
-    out_sd = gdnconv.conv_update_multi(x, st_sd, w, b, **kw)
-    ref_out, ref_state, mag = reference(x, values, w, b, **kw)
-    rows = ~skipped_rows(x.shape, kw["conv_state_indices"], kw.get("query_start_loc"))
-    assert_outputs_close(out_sd, ref_out, mag, out_sd.dtype, silu=True, rows=rows)
-    assert_bits_equal(st_sd, ref_state, "channel-contiguous conv_state")
-    for layout, (before, after) in LAYOUTS.items():
-        mem, st = time_contiguous(values, layout)
-        outside = bits(mem).copy()
-        out = gdnconv.conv_update_multi(x, st, w, b, **kw)
-        assert np.array_equal(bits(out), bits(out_sd)), layout
-        assert_bits_equal(np.ascontiguousarray(st), st_sd, f"{layout} conv_state")
-        L = values.shape[1]
-        for cols in (slice(0, before), slice(before + L, before + L + after)):
-            assert np.array_equal(bits(mem)[..., cols], outside[..., cols]), f"{layout}: wrote outside the view"
+    check_every_layout(isa, *make(rng, dtype, 4, 300, mode, T=T))
 
 
 def test_transformers_cache_view(isa, rng):
