@@ -389,19 +389,20 @@ def test_prefill_matches_vllm_cpu_op():
     assert probe.returncode == 0, probe.stderr
     ops = _vllm_lib()
     D, W, S = 64, 4, 6
-    lens = [5, 1, 0, 7]
+    lens = [5, 1, 2, 7]
     N = sum(lens)
     conv_state, weight, bias, tokens = _tensors(14, "bf16", 1, N, D, W, W - 1, S, "SD")
     x = tokens[0].T                                                  # (D, N), channel-last
     qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
-    slots = torch.tensor([4, -1, 2, 1], dtype=torch.int32)
+    # Real slots only, as vLLM's prefill passes them: given a pad slot (-1) this op writes
+    # outside conv_states (glibc's malloc check aborts the process afterwards; seen on an
+    # AVX512-BF16 Xeon), and it is never given one there (gdn_attention.py's prefill indices).
+    slots = torch.tensor([4, 3, 2, 1], dtype=torch.int32)
     init = torch.tensor([True, True, False, False])
     st_v, st_g = conv_state.clone(), conv_state.clone()
     out_v = ops.causal_conv1d_fwd_cpu(x, weight, bias, st_v, qsl, slots, init, True, -1, False)
     out_g = gv.causal_conv1d_fn(x, weight, bias, st_g, qsl, slots, init, "silu", pad_slot_id=-1,
                                 null_block_id=None)
     assert_bits_equal(st_g, st_v, "conv_states")
-    live = np.ones(N, bool)
-    live[5:6] = False                                                # request 1 is padding
-    np.testing.assert_allclose(as_np(out_g.T[live]).astype(np.float64), as_np(out_v.T[live]).astype(np.float64),
+    np.testing.assert_allclose(as_np(out_g).astype(np.float64), as_np(out_v).astype(np.float64),
                                rtol=2 ** -7, atol=2 ** -7)
