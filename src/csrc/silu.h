@@ -51,6 +51,20 @@
 #define GDN_EXP2_32_MAGIC 0x1.8p18f
 #define GDN_SILU_CLAMP 120.0f
 #define GDN_SILU_FIXUP 0x00130100
+/* fp32 outputs on AVX2 (simd_avx2.h's vsilu_n says how): 2^(j/8) as float hi (j = 0..7)
+ * and lo as ln(2^(j/8) / hi) (|lo| < 3.2e-8, added to r), expm1 on [-ln2/16, ln2/16]
+ * as r + r^2 (c[2] + r (c[1] + r c[0])) (weighted-minimax fit, relative error of
+ * 1 + expm1 1.9e-10), the magic constant 1.5 2^20 whose float grid is 1/8 and the clamps
+ * of y for the exponent (the result rounds to -0 below -110; exp(-64) is already far
+ * below 2^-24 and keeps e 2^m a normal float). */
+#define GDN_EXP2_8_HI 0x1p+0f, 0x1.172b84p+0f, 0x1.306fep+0f, 0x1.4bfdaep+0f, 0x1.6a09e6p+0f, \
+    0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f
+#define GDN_EXP2_8_LO 0.0f, -0x1.9c0c22p-27f, 0x1.125002p-25f, -0x1.0a3552p-25f, 0x1.26055cp-26f, \
+    0x1.67a1cap-28f, -0x1.f9c306p-27f, -0x1.a5217cp-28f
+#define GDN_EXPM1_8 0x1.554842p-5f, 0x1.555c76p-3f, 0.5f
+#define GDN_EXP2_8_MAGIC 0x1.8p20f
+#define GDN_SILU_LO -110.0f
+#define GDN_SILU_HI 64.0f
 /* float log2 e, for the 16-bit paths */
 #define GDN_LOG2E 1.44269504f
 /* 16-bit outputs: 2^r on r in [0, 1), near-minimax in relative error: degree 3

@@ -110,44 +110,62 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         }
         return;
     }
-    /* fp32: in double (silu.h's GDN_EXP_DEG6), the 8 lanes of y[i] as halves Y[2i], Y[2i+1] */
-    __m256d Y[8], A[8], M[8], Q[8], E[8];
-    const __m256d oned = _mm256_set1_pd(1.0), magic = _mm256_set1_pd(0x1p52 * 1.5);
+    /* fp32: y / (1 + exp(-y)) in float lanes, the denominator as s1 + eh + x (silu.h's GDN_EXP2_8) */
+    static const float th[] = {GDN_EXP2_8_HI}, tl[] = {GDN_EXP2_8_LO}, c[] = {GDN_EXPM1_8};
+    /* 2^(j/8) bits less j << 20 (t << 20 adds it back with floor(k/8) << 23) and 2^28 (sign below) */
+    const __m256i tb = _mm256_sub_epi32(_mm256_castps_si256(_mm256_loadu_ps(th)),
+                                        _mm256_set_epi32(0x10700000, 0x10600000, 0x10500000, 0x10400000,
+                                                         0x10300000, 0x10200000, 0x10100000, 0x10000000));
+    const V tlv = _mm256_loadu_ps(tl), magic = _mm256_set1_ps(GDN_EXP2_8_MAGIC);
+    V sp[4], yn[4], a[4], t[4], r[4], p[4], s1[4], eh[4], x[4], d[4], q[4];
 #pragma GCC unroll 4
-    EACH {
-        Y[2 * i] = _mm256_cvtps_pd(_mm256_castps256_ps128(y[i]));
-        Y[2 * i + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(y[i], 1));
+    EACH {   /* +inf -> FLT_MAX and sp = -inf; -inf, NaN: sp = NaN; finite: sp = +0 */
+        const V yc = _mm256_min_ps(y[i], _mm256_set1_ps(0x1.fffffep127f));
+        sp[i] = _mm256_sub_ps(yc, y[i]);
+        yn[i] = _mm256_max_ps(yc, _mm256_set1_ps(GDN_SILU_LO));
     }
-#define EACH2 for (int i = 0; i < 2 * n; i++)
-#pragma GCC unroll 8
-    EACH2 A[i] = _mm256_min_pd(_mm256_set1_pd(-GDN_EXP_ARG_MIN),  /* y clamped; NaN passes: operand 2 */
-                               _mm256_max_pd(_mm256_set1_pd(GDN_EXP_ARG_MIN), Y[i]));
-#pragma GCC unroll 8
-    EACH2 M[i] = _mm256_fmadd_pd(A[i], _mm256_set1_pd(-GDN_LOG2E_D), magic);         /* m + 1.5 2^52 */
-#pragma GCC unroll 8
-    EACH2 E[i] = _mm256_fmadd_pd(A[i], _mm256_set1_pd(-0.5 * GDN_LOG2E_D), magic);   /* m1 + 1.5 2^52 */
-#pragma GCC unroll 8
-    EACH2 A[i] = _mm256_fnmsub_pd(_mm256_sub_pd(M[i], magic), _mm256_set1_pd(GDN_LN2_D), A[i]);   /* r */
-    static const double c6[] = {GDN_EXP_DEG6};
-#pragma GCC unroll 8
-    EACH2 Q[i] = _mm256_fmadd_pd(_mm256_set1_pd(c6[0]), A[i], _mm256_set1_pd(c6[1]));
-#pragma GCC unroll 5
-    for (int k = 2; k < 7; k++)
-#pragma GCC unroll 8
-        EACH2 Q[i] = _mm256_fmadd_pd(Q[i], A[i], _mm256_set1_pd(c6[k]));
-#pragma GCC unroll 8
-    EACH2 {   /* e = q 2^m1 2^m2, m2 = m - m1, exponent fields from the low bits (silu.h) */
-        const __m256d t2 = _mm256_add_pd(_mm256_sub_pd(M[i], E[i]), magic);
-        const __m256i bias = _mm256_set1_epi64x(1023);
-        const __m256d s1 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(_mm256_castpd_si256(E[i]), bias), 52));
-        const __m256d s2 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(_mm256_castpd_si256(t2), bias), 52));
-        E[i] = _mm256_mul_pd(_mm256_mul_pd(Q[i], s1), s2);
-    }
-#pragma GCC unroll 8
-    EACH2 A[i] = _mm256_div_pd(Y[i], _mm256_add_pd(oned, E[i]));   /* y / (1 + e), e = exp(-y) */
 #pragma GCC unroll 4
-    EACH y[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(A[2 * i])), _mm256_cvtpd_ps(A[2 * i + 1]), 1);
-#undef EACH2
+    EACH a[i] = _mm256_min_ps(yn[i], _mm256_set1_ps(GDN_SILU_HI));
+#pragma GCC unroll 4
+    EACH t[i] = _mm256_fmadd_ps(a[i], _mm256_set1_ps(-GDN_LOG2E), magic);  /* magic + k/8 */
+#pragma GCC unroll 4
+    EACH {   /* r = -a - (k/8) ln2 + tl[k mod 8], the ln2 hi step exact */
+        const V m = _mm256_sub_ps(t[i], magic);
+        r[i] = _mm256_fnmsub_ps(m, _mm256_set1_ps(GDN_LN2_HI), a[i]);
+        r[i] = _mm256_fnmadd_ps(m, _mm256_set1_ps(GDN_LN2_LO), r[i]);
+        r[i] = _mm256_add_ps(r[i], _mm256_permutevar8x32_ps(tlv, _mm256_castps_si256(t[i])));
+    }
+#pragma GCC unroll 4
+    EACH {   /* expm1(r) */
+        const V r2 = _mm256_mul_ps(r[i], r[i]);
+        p[i] = _mm256_fmadd_ps(_mm256_fmadd_ps(r[i], _mm256_set1_ps(c[0]), _mm256_set1_ps(c[1])), r[i], _mm256_set1_ps(c[2]));
+        p[i] = _mm256_fmadd_ps(r2, p[i], r[i]);
+    }
+#pragma GCC unroll 4
+    EACH {   /* the sign's scale: +-2^28 (0 for +0) on bits less 2^28: 2^-64 for y < 0, 1 for y > 0 */
+        const __m256i sg = _mm256_sign_epi32(_mm256_set1_epi32(1 << 28), _mm256_castps_si256(y[i]));
+        s1[i] = _mm256_castsi256_ps(_mm256_add_epi32(sg, _mm256_set1_epi32(0x3f800000 - (1 << 28))));
+        const __m256i ti = _mm256_castps_si256(t[i]);
+        eh[i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_add_epi32(_mm256_permutevar8x32_epi32(tb, ti), sg),
+                                                     _mm256_slli_epi32(ti, 20)));
+    }
+#pragma GCC unroll 4
+    EACH x[i] = _mm256_mul_ps(eh[i], p[i]);
+#pragma GCC unroll 4
+    EACH d[i] = _mm256_add_ps(_mm256_add_ps(s1[i], eh[i]), x[i]);
+#pragma GCC unroll 4
+    EACH q[i] = _mm256_div_ps(yn[i], d[i]);
+#pragma GCC unroll 4
+    EACH d[i] = _mm256_rcp_ps(d[i]);
+#pragma GCC unroll 4
+    EACH {   /* q - (q (s1 + eh + x) - yn) d, the larger of s1, eh first */
+        V rm = _mm256_fmsub_ps(q[i], _mm256_max_ps(s1[i], eh[i]), yn[i]);
+        rm = _mm256_fmadd_ps(q[i], _mm256_min_ps(s1[i], eh[i]), rm);
+        rm = _mm256_fmadd_ps(q[i], x[i], rm);
+        q[i] = _mm256_fnmadd_ps(rm, d[i], q[i]);
+    }
+#pragma GCC unroll 4
+    EACH y[i] = _mm256_fmsub_ps(q[i], s1[i], sp[i]);
 }
 #undef EACH
 
