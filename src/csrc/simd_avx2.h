@@ -71,12 +71,24 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
  *   to [-111, 144] instead of [-127, 128]), so neither 2^t nor the rcp (which
  *   flushes results below 2^-126 to 0) cuts off results of y down to ~-97.4:
  *   within one ulp for every input, as the AVX-512 and portable kernels.
- * fp32 outputs: in double (silu.h's GDN_EXP_DEG6), two 4-lane halves per vector,
- *   y / (1 + exp(-y)) without the portable gdn_silu's sign select (3 fewer operations
- *   per half): the exponent argument clamped to [-1000, 1000], e = q(r) 2^m1 2^m2 from
- *   exponent bits (inf for y below ~-709.8, so the result is -0 there and -inf / inf =
- *   NaN for y = -inf, like the reference), one division, one rounding to float:
- *   within one ulp for every input (benchmarks/silu_exhaustive.c). */
+ * fp32 outputs: y / (1 + exp(-y)) in float lanes (32 operations per 8 lanes, one of
+ *   them a division; in double it took ~50 and two: fp32 calls 0.74-0.82x the time,
+ *   0.98-1.05x the former float formula's, benchmarks/README.md), constants in silu.h
+ *   (GDN_EXP2_8_*). yn = y clamped to [-110, FLT_MAX] (below -110 the result is -0),
+ *   a = yn clamped at 64 for the exponent; exp(-a) = 2^(k/8) e^r, k = round(-a 8
+ *   log2 e) by the magic constant, whose low 3 bits index the 8-entry table of 2^(j/8)
+ *   (vpermps); r = -a - (k/8) ln2 (ln2 as hi + lo, the hi step exact) plus the table's
+ *   lo part ln(2^(j/8) / hi), |r| <= ln2/16; e^r - 1 = p of degree 4 (2e-10). eh =
+ *   hi 2^floor(k/8) comes from integer adds on the table's bits (t << 20 carries
+ *   floor(k/8) into the exponent field), scaled by 2^-64 for y < 0 (and 2^-32 for +0)
+ *   with the same vpsignd term as s1, the 1 scaled alike (2^-64 for y < 0), so exp(|y|)
+ *   up to e^110 stays finite; x = eh p. The denominator is s1 + eh + x (~5e-9);
+ *   q = yn / its float sum, corrected once by the remainder yn - q (s1 + eh + x) (the
+ *   larger of s1 and eh first; its rounding is at most ~2^-25 of the result) times rcp
+ *   (2^-11), then q s1 - sp, rounded once (subnormal results a second time, as on
+ *   AVX-512). sp = min(y, FLT_MAX) - y is +0 for finite y (which keeps -0), -inf for
+ *   +inf (the result is then +inf) and NaN for -inf (-inf * 0 in the reference) and
+ *   NaN. benchmarks/silu_exhaustive.c, all 2^32 inputs: 0 outputs over one ulp. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     if (dt != GDN_F32) {
