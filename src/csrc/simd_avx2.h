@@ -154,7 +154,7 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         p[i] = _mm256_fmadd_ps(r2, p[i], r[i]);
     }
 #pragma GCC unroll 4
-    EACH {   /* the sign's scale: +-2^28 (0 for +0) on bits less 2^28: 2^-64 for y < 0, 1 for y > 0 */
+    EACH {   /* sg = 2^28 (y > 0), -2^28 (y < 0, -0), 0 (+0) on bits less 2^28: s1, eh scaled by 1, 2^-64, 2^-32 */
         const __m256i sg = _mm256_sign_epi32(_mm256_set1_epi32(1 << 28), _mm256_castps_si256(y[i]));
         s1[i] = _mm256_castsi256_ps(_mm256_add_epi32(sg, _mm256_set1_epi32(0x3f800000 - (1 << 28))));
         const __m256i ti = _mm256_castps_si256(t[i]);
