@@ -7,8 +7,7 @@
 
 #include "convert.h"
 
-/* fp32 outputs, in double (the portable kernel; avx2 the same with a = -y clamped to
- * [GDN_EXP_ARG_MIN, -GDN_EXP_ARG_MIN] and y / (1 + e); AVX-512 in float lanes, below):
+/* fp32 outputs, in double (the portable kernel; AVX2 and AVX-512 in float lanes, below):
  * e = exp(a) = 2^m q(r) for a = -|y| clamped at GDN_EXP_ARG_MIN, m = round(a log2 e), r = a - m ln2 in [-ln2/2, ln2/2] (one constant:
  * |m| <= 1443 makes r's error ~1e-13), q near-minimax of degree 6 (relative error
  * 1.9e-9; degree 5 has 7.5e-8, more than the 2^-24 that one ulp of the result allows
@@ -51,6 +50,23 @@
 #define GDN_EXP2_32_MAGIC 0x1.8p18f
 #define GDN_SILU_CLAMP 120.0f
 #define GDN_SILU_FIXUP 0x00130100
+/* fp32 outputs on AVX2 (simd_avx2.h's vsilu_n says how), ln 2 as GDN_LN2_HI + LO above:
+ * 2^(j/8) (j = 0..7) as float hi and lo = ln(2^(j/8) / hi) (|lo| < 3.2e-8, added to r;
+ * hi rounded to float, lo from mpmath at 100 bits), expm1 on |r| <= ln2/16 as r + r^2 (c[2] + r (c[1] +
+ * r c[0])): fit by Lawson's iteration (weighted least squares towards minimax) of
+ * (expm1(r) - r) / r^2 on 4000 Chebyshev points, weight r^2 / e^r, coefficients then
+ * rounded to float; error relative to e^r 1.9e-10 (degree 3: 2.6e-8, too close to the
+ * 2^-24 that one ulp allows once the other errors add). The magic constant 1.5 2^20,
+ * whose float grid is 1/8; the clamps of y: the result rounds to -0 below -110 (silu(-110)
+ * ~ 2^-152) and e^110 2^-64 is finite; above 64 it is y, and e^-64 keeps e a normal float. */
+#define GDN_EXP2_8_HI 0x1p+0f, 0x1.172b84p+0f, 0x1.306fep+0f, 0x1.4bfdaep+0f, 0x1.6a09e6p+0f, \
+    0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f
+#define GDN_EXP2_8_LO 0.0f, -0x1.9c0c22p-27f, 0x1.125002p-25f, -0x1.0a3552p-25f, 0x1.26055cp-26f, \
+    0x1.67a1cap-28f, -0x1.f9c306p-27f, -0x1.a5217cp-28f
+#define GDN_EXPM1_8 0x1.554842p-5f, 0x1.555c76p-3f, 0.5f
+#define GDN_EXP2_8_MAGIC 0x1.8p20f
+#define GDN_SILU_LO -110.0f
+#define GDN_SILU_HI 64.0f
 /* float log2 e, for the 16-bit paths */
 #define GDN_LOG2E 1.44269504f
 /* 16-bit outputs: 2^r on r in [0, 1), near-minimax in relative error: degree 3

@@ -71,12 +71,24 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
  *   to [-111, 144] instead of [-127, 128]), so neither 2^t nor the rcp (which
  *   flushes results below 2^-126 to 0) cuts off results of y down to ~-97.4:
  *   within one ulp for every input, as the AVX-512 and portable kernels.
- * fp32 outputs: in double (silu.h's GDN_EXP_DEG6), two 4-lane halves per vector,
- *   y / (1 + exp(-y)) without the portable gdn_silu's sign select (3 fewer operations
- *   per half): the exponent argument clamped to [-1000, 1000], e = q(r) 2^m1 2^m2 from
- *   exponent bits (inf for y below ~-709.8, so the result is -0 there and -inf / inf =
- *   NaN for y = -inf, like the reference), one division, one rounding to float:
- *   within one ulp for every input (benchmarks/silu_exhaustive.c). */
+ * fp32 outputs: y / (1 + exp(-y)) in float lanes (32 operations per 8 lanes, one of
+ *   them a division; in double it took ~50 and two: fp32 calls 0.74-0.82x the time,
+ *   0.98-1.05x the former float formula's, benchmarks/README.md), constants in silu.h
+ *   (GDN_EXP2_8_*). yn = y clamped to [-110, FLT_MAX] (below -110 the result is -0),
+ *   a = yn clamped at 64 for the exponent; exp(-a) = 2^(k/8) e^r, k = round(-a 8
+ *   log2 e) by the magic constant, whose low 3 bits index the 8-entry table of 2^(j/8)
+ *   (vpermps); r = -a - (k/8) ln2 (ln2 as hi + lo, the hi step exact) plus the table's
+ *   lo part ln(2^(j/8) / hi), |r| <= ln2/16; e^r - 1 = p of degree 4 (2e-10). eh =
+ *   hi 2^floor(k/8) comes from integer adds on the table's bits (t << 20 carries
+ *   floor(k/8) into the exponent field), scaled by 2^-64 for y < 0 (and 2^-32 for +0)
+ *   with the same vpsignd term as s1, the 1 scaled alike (2^-64 for y < 0), so exp(|y|)
+ *   up to e^110 stays finite; x = eh p. The denominator is s1 + eh + x (~5e-9);
+ *   q = yn / its float sum, corrected once by the remainder yn - q (s1 + eh + x) (the
+ *   larger of s1 and eh first; its rounding is at most ~2^-25 of the result) times rcp
+ *   (2^-11), then q s1 - sp, rounded once (subnormal results a second time, as on
+ *   AVX-512). sp = min(y, FLT_MAX) - y is +0 for finite y (which keeps -0), -inf for
+ *   +inf (the result is then +inf) and NaN for -inf (-inf * 0 in the reference) and
+ *   NaN. benchmarks/silu_exhaustive.c, all 2^32 inputs: 0 outputs over one ulp. */
 #define EACH for (int i = 0; i < n; i++)
 GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
     if (dt != GDN_F32) {
@@ -110,44 +122,62 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
         }
         return;
     }
-    /* fp32: in double (silu.h's GDN_EXP_DEG6), the 8 lanes of y[i] as halves Y[2i], Y[2i+1] */
-    __m256d Y[8], A[8], M[8], Q[8], E[8];
-    const __m256d oned = _mm256_set1_pd(1.0), magic = _mm256_set1_pd(0x1p52 * 1.5);
+    /* fp32: y / (1 + exp(-y)) in float lanes, the denominator as s1 + eh + x (silu.h's GDN_EXP2_8) */
+    static const float th[] = {GDN_EXP2_8_HI}, tl[] = {GDN_EXP2_8_LO}, c[] = {GDN_EXPM1_8};
+    /* 2^(j/8) bits less j << 20 (t << 20 adds it back with floor(k/8) << 23) and 2^28 (sign below) */
+    const __m256i tb = _mm256_sub_epi32(_mm256_castps_si256(_mm256_loadu_ps(th)),
+                                        _mm256_set_epi32(0x10700000, 0x10600000, 0x10500000, 0x10400000,
+                                                         0x10300000, 0x10200000, 0x10100000, 0x10000000));
+    const V tlv = _mm256_loadu_ps(tl), magic = _mm256_set1_ps(GDN_EXP2_8_MAGIC);
+    V sp[4], yn[4], a[4], t[4], r[4], p[4], s1[4], eh[4], x[4], d[4], q[4];
 #pragma GCC unroll 4
-    EACH {
-        Y[2 * i] = _mm256_cvtps_pd(_mm256_castps256_ps128(y[i]));
-        Y[2 * i + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(y[i], 1));
+    EACH {   /* +inf -> FLT_MAX and sp = -inf; -inf, NaN: sp = NaN; finite: sp = +0 */
+        const V yc = _mm256_min_ps(y[i], _mm256_set1_ps(0x1.fffffep127f));
+        sp[i] = _mm256_sub_ps(yc, y[i]);
+        yn[i] = _mm256_max_ps(yc, _mm256_set1_ps(GDN_SILU_LO));
     }
-#define EACH2 for (int i = 0; i < 2 * n; i++)
-#pragma GCC unroll 8
-    EACH2 A[i] = _mm256_min_pd(_mm256_set1_pd(-GDN_EXP_ARG_MIN),  /* y clamped; NaN passes: operand 2 */
-                               _mm256_max_pd(_mm256_set1_pd(GDN_EXP_ARG_MIN), Y[i]));
-#pragma GCC unroll 8
-    EACH2 M[i] = _mm256_fmadd_pd(A[i], _mm256_set1_pd(-GDN_LOG2E_D), magic);         /* m + 1.5 2^52 */
-#pragma GCC unroll 8
-    EACH2 E[i] = _mm256_fmadd_pd(A[i], _mm256_set1_pd(-0.5 * GDN_LOG2E_D), magic);   /* m1 + 1.5 2^52 */
-#pragma GCC unroll 8
-    EACH2 A[i] = _mm256_fnmsub_pd(_mm256_sub_pd(M[i], magic), _mm256_set1_pd(GDN_LN2_D), A[i]);   /* r */
-    static const double c6[] = {GDN_EXP_DEG6};
-#pragma GCC unroll 8
-    EACH2 Q[i] = _mm256_fmadd_pd(_mm256_set1_pd(c6[0]), A[i], _mm256_set1_pd(c6[1]));
-#pragma GCC unroll 5
-    for (int k = 2; k < 7; k++)
-#pragma GCC unroll 8
-        EACH2 Q[i] = _mm256_fmadd_pd(Q[i], A[i], _mm256_set1_pd(c6[k]));
-#pragma GCC unroll 8
-    EACH2 {   /* e = q 2^m1 2^m2, m2 = m - m1, exponent fields from the low bits (silu.h) */
-        const __m256d t2 = _mm256_add_pd(_mm256_sub_pd(M[i], E[i]), magic);
-        const __m256i bias = _mm256_set1_epi64x(1023);
-        const __m256d s1 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(_mm256_castpd_si256(E[i]), bias), 52));
-        const __m256d s2 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(_mm256_castpd_si256(t2), bias), 52));
-        E[i] = _mm256_mul_pd(_mm256_mul_pd(Q[i], s1), s2);
-    }
-#pragma GCC unroll 8
-    EACH2 A[i] = _mm256_div_pd(Y[i], _mm256_add_pd(oned, E[i]));   /* y / (1 + e), e = exp(-y) */
 #pragma GCC unroll 4
-    EACH y[i] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(A[2 * i])), _mm256_cvtpd_ps(A[2 * i + 1]), 1);
-#undef EACH2
+    EACH a[i] = _mm256_min_ps(yn[i], _mm256_set1_ps(GDN_SILU_HI));
+#pragma GCC unroll 4
+    EACH t[i] = _mm256_fmadd_ps(a[i], _mm256_set1_ps(-GDN_LOG2E), magic);  /* magic + k/8 */
+#pragma GCC unroll 4
+    EACH {   /* r = -a - (k/8) ln2 + tl[k mod 8], the ln2 hi step exact */
+        const V m = _mm256_sub_ps(t[i], magic);
+        r[i] = _mm256_fnmsub_ps(m, _mm256_set1_ps(GDN_LN2_HI), a[i]);
+        r[i] = _mm256_fnmadd_ps(m, _mm256_set1_ps(GDN_LN2_LO), r[i]);
+        r[i] = _mm256_add_ps(r[i], _mm256_permutevar8x32_ps(tlv, _mm256_castps_si256(t[i])));
+    }
+#pragma GCC unroll 4
+    EACH {   /* expm1(r) */
+        const V r2 = _mm256_mul_ps(r[i], r[i]);
+        p[i] = _mm256_fmadd_ps(_mm256_fmadd_ps(r[i], _mm256_set1_ps(c[0]), _mm256_set1_ps(c[1])), r[i], _mm256_set1_ps(c[2]));
+        p[i] = _mm256_fmadd_ps(r2, p[i], r[i]);
+    }
+#pragma GCC unroll 4
+    EACH {   /* sg = 2^28 (y > 0), -2^28 (y < 0, -0), 0 (+0) on bits less 2^28: s1, eh scaled by 1, 2^-64, 2^-32 */
+        const __m256i sg = _mm256_sign_epi32(_mm256_set1_epi32(1 << 28), _mm256_castps_si256(y[i]));
+        s1[i] = _mm256_castsi256_ps(_mm256_add_epi32(sg, _mm256_set1_epi32(0x3f800000 - (1 << 28))));
+        const __m256i ti = _mm256_castps_si256(t[i]);
+        eh[i] = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_add_epi32(_mm256_permutevar8x32_epi32(tb, ti), sg),
+                                                     _mm256_slli_epi32(ti, 20)));
+    }
+#pragma GCC unroll 4
+    EACH x[i] = _mm256_mul_ps(eh[i], p[i]);
+#pragma GCC unroll 4
+    EACH d[i] = _mm256_add_ps(_mm256_add_ps(s1[i], eh[i]), x[i]);
+#pragma GCC unroll 4
+    EACH q[i] = _mm256_div_ps(yn[i], d[i]);
+#pragma GCC unroll 4
+    EACH d[i] = _mm256_rcp_ps(d[i]);
+#pragma GCC unroll 4
+    EACH {   /* q - (q (s1 + eh + x) - yn) d, the larger of s1, eh first */
+        V rm = _mm256_fmsub_ps(q[i], _mm256_max_ps(s1[i], eh[i]), yn[i]);
+        rm = _mm256_fmadd_ps(q[i], _mm256_min_ps(s1[i], eh[i]), rm);
+        rm = _mm256_fmadd_ps(q[i], x[i], rm);
+        q[i] = _mm256_fnmadd_ps(rm, d[i], q[i]);
+    }
+#pragma GCC unroll 4
+    EACH y[i] = _mm256_fmsub_ps(q[i], s1[i], sp[i]);
 }
 #undef EACH
 
