@@ -259,33 +259,52 @@ GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
     }
 }
 
-/* j = p / sd for p < 256, 2 <= sd <= 8: (p * ceil(2^16 / sd)) >> 16 is exact there */
+/* Row k and channel j of each lane of block vector m (element m*LINE + i = j*sd + k):
+ * j = p / sd for p < 256, 2 <= sd <= 8, where (p * ceil(2^16 / sd)) >> 16 is exact. */
+GDN_INLINE void tc_block_kj(const int m, const int sd, const int e, __m512i *k, __m512i *j) {
+    const int magic = (65536 + sd - 1) / sd;
+    const __m512i p = tc_add(tc_iota(e), tc_set(m * TC_LINE(e), e), e);
+    *j = e == 2 ? _mm512_mulhi_epu16(p, _mm512_set1_epi16((short)magic))
+                : _mm512_srli_epi32(_mm512_mullo_epi32(p, _mm512_set1_epi32(magic)), 16);
+    *k = e == 2 ? _mm512_sub_epi16(p, _mm512_mullo_epi16(*j, tc_set(sd, e)))
+                : _mm512_sub_epi32(p, _mm512_mullo_epi32(*j, tc_set(sd, e)));
+}
+
+/* lanes whose row is in [r0, r1) */
+GDN_INLINE uint32_t tc_rows(__m512i k, const int r0, const int r1, const int e) {
+    uint32_t m = 0;
+    for (int r = r0; r < r1; r++) m |= tc_eq(k, r, e);
+    return m;
+}
+
 GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) {
-    const int line = TC_LINE(e), magic = (65536 + sd - 1) / sd;
     for (int m = 0; m < sd; m++) {
-        const __m512i p = tc_add(tc_iota(e), tc_set(m * line, e), e);
-        const __m512i j = e == 2 ? _mm512_mulhi_epu16(p, _mm512_set1_epi16((short)magic))
-                                 : _mm512_srli_epi32(_mm512_mullo_epi32(p, _mm512_set1_epi32(magic)), 16);
-        const __m512i k = e == 2 ? _mm512_sub_epi16(p, _mm512_mullo_epi16(j, tc_set(sd, e)))
-                                 : _mm512_sub_epi32(p, _mm512_mullo_epi32(j, tc_set(sd, e)));
-        t->idx[m] = tc_add(tc_mul(k, tc_set(line, e), e), j, e);   /* row k, channel j */
-        t->keep[m] = 0;
-        for (int r = 0; r < R; r++) t->keep[m] |= tc_eq(k, r, e);
+        __m512i k, j;
+        tc_block_kj(m, sd, e, &k, &j);
+        t->idx[m] = tc_add(tc_mul(k, tc_set(TC_LINE(e), e), e), j, e);   /* row k, channel j */
+        t->keep[m] = tc_rows(k, 0, R, e);
         for (int q = 0; 2 * q < sd; q++) t->pick[m][q] = tc_eq(tc_pair(t->idx[m], e), q, e);
     }
 }
 
 GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { (void)sd, (void)R, (void)e; return 1; }
 
+/* r with the lanes in pick taken from the two-source permute of (lo, hi) by idx */
+GDN_INLINE __m512i tc_pick(__m512i r, const uint32_t pick, __m512i lo, __m512i idx, __m512i hi, const int e) {
+    return e == 2 ? _mm512_mask_mov_epi16(r, pick, _mm512_permutex2var_epi16(lo, idx, hi))
+                  : _mm512_mask_mov_epi32(r, (__mmask16)pick, _mm512_permutex2var_epi32(lo, idx, hi));
+}
+
+GDN_INLINE void tc_store(char *dst, const uint32_t keep, __m512i r, const int e) {
+    if (e == 2) _mm512_mask_storeu_epi16(dst, keep, r);
+    else _mm512_mask_storeu_epi32(dst, (__mmask16)keep, r);
+}
+
 /* lane i <- flat element idx_i of v[0..n-1] */
 GDN_INLINE __m512i tc_gather(const __m512i *v, const int n, __m512i idx, const uint32_t *pick, const int e) {
     __m512i r = _mm512_setzero_si512();
 #pragma GCC unroll 8
-    for (int q = 0; 2 * q < n; q++) {
-        const __m512i hi = v[2 * q + 1 < n ? 2 * q + 1 : 2 * q];
-        r = e == 2 ? _mm512_mask_mov_epi16(r, pick[q], _mm512_permutex2var_epi16(v[2 * q], idx, hi))
-                   : _mm512_mask_mov_epi32(r, (__mmask16)pick[q], _mm512_permutex2var_epi32(v[2 * q], idx, hi));
-    }
+    for (int q = 0; 2 * q < n; q++) r = tc_pick(r, pick[q], v[2 * q], idx, v[2 * q + 1 < n ? 2 * q + 1 : 2 * q], e);
     return r;
 }
 
@@ -305,9 +324,47 @@ GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, in
     for (int k = 0; k < sd; k++) v[k] = k < R ? _mm512_loadu_si512(src + k * bs) : _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int m = 0; m < sd; m++) {
-        const __m512i r = tc_gather(v, sd, t->idx[m], t->pick[m], e);   /* sd: a constant, R is not */
-        if (e == 2) _mm512_mask_storeu_epi16(dst + 64 * m, t->keep[m], r);
-        else _mm512_mask_storeu_epi32(dst + 64 * m, (__mmask16)t->keep[m], r);
+        tc_store(dst + 64 * m, t->keep[m], tc_gather(v, sd, t->idx[m], t->pick[m], e), e);   /* sd: a constant, R is not */
+    }
+}
+
+/* The speculative roll of a time-contiguous state in place (update_simd.h's tc_roll), one
+ * line of channels: block lanes of rows k < k0 take the element shift places further on
+ * (row k + shift of the same channel, still the old state: lines and vectors go in
+ * ascending order), by a masked load, no permute; rows k0 <= k < k0 + nt take token row
+ * k - k0 (buf rows bs apart), gathered by pairs of token rows as tc_out does; other rows
+ * are left alone. The masked load reads only the lanes it keeps, all within their own
+ * channel. Against tc_out over the rows staged in buf this halves the word permutes at
+ * nt = 4 (2 of these 2-cycle permutes per block vector instead of 4 at sd = 7). */
+#define TC_ROLL 1
+
+typedef struct {
+    __m512i idx[GDN_MAX_WIDTH];                 /* token row k - k0, channel j */
+    uint32_t pick[GDN_MAX_WIDTH][GDN_SLAB / 2]; /* lanes taken from token row pair q */
+    uint32_t old[GDN_MAX_WIDTH], keep[GDN_MAX_WIDTH];
+} tc_roll_plan;
+
+GDN_INLINE void tc_plan_roll(tc_roll_plan *t, const int sd, const int k0, const int nt, const int e) {
+    for (int m = 0; m < sd; m++) {
+        __m512i k, j;
+        tc_block_kj(m, sd, e, &k, &j);
+        t->idx[m] = tc_add(tc_mul(tc_add(k, tc_set(-k0, e), e), tc_set(TC_LINE(e), e), e), j, e);
+        t->old[m] = tc_rows(k, 0, k0, e);
+        t->keep[m] = tc_rows(k, 0, k0 + nt, e);
+        for (int q = 0; 2 * q < nt; q++) t->pick[m][q] = tc_eq(tc_pair(t->idx[m], e), q, e) & t->keep[m] & ~t->old[m];
+    }
+}
+
+GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char *tok, int64_t bs, const int nt,
+                             const tc_roll_plan *t, const int e) {
+#pragma GCC unroll 8
+    for (int m = 0; m < sd; m++) {
+        const char *old = dst + 64 * m + e * shift;
+        __m512i r = e == 2 ? _mm512_maskz_loadu_epi16(t->old[m], old) : _mm512_maskz_loadu_epi32((__mmask16)t->old[m], old);
+        for (int q = 0; 2 * q < nt; q++)
+            r = tc_pick(r, t->pick[m][q], _mm512_loadu_si512(tok + 2 * q * bs), t->idx[m],
+                        _mm512_loadu_si512(tok + (2 * q + 1 < nt ? 2 * q + 1 : 2 * q) * bs), e);
+        tc_store(dst + 64 * m, t->keep[m], r, e);
     }
 }
 

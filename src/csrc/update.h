@@ -12,6 +12,7 @@
  * (SIMD units hold one request: see update.c). */
 #define GDN_BLOCK_CHANNELS 256
 #define GDN_BLOCK_REQUESTS 8
+#define GDN_SLAB 8  /* tokens the SIMD update stages at a time (update_simd.h) */
 
 /* An ISA's update kernel: requests [r0, r1) x channels [c0, c1). */
 typedef void (*gdn_update_kernel_fn)(const gdn_update_params *p, int64_t r0, int64_t r1,

@@ -13,6 +13,8 @@
  *   GDN_SIMD_OPAQUE(v)      an empty asm statement that keeps v in a register
  *   TC_LINE, tc_plan, tc_plan_in/out, tc_in/out, tc_out_ok: the transposition of a
  *                           time-contiguous state (see state_in / state_out)
+ *   TC_ROLL, tc_roll_plan, tc_plan_roll, tc_roll_line: optional, the speculative roll
+ *                           of a time-contiguous state in place (see tc_roll)
  * and then defines its kernels as calls of simd_kernel() and simd_fill().
  * Vectors of 128 bits or more (LANES >= 4 fp32 lanes): a line step takes up to four
  * vectors, one 64-byte line of x86 vectors or 16 channels of 128-bit ones.
@@ -28,8 +30,6 @@
 #endif
 
 #include "simd_tokens.h"
-
-#define GDN_SLAB 8  /* tokens staged at a time */
 
 /* bytes (a multiple of 64) from src to dst, raw, in ascending order (so dst < src
  * may overlap). The empty asm keeps the compiler from turning the loop into a
@@ -106,6 +106,33 @@ static GDN_NOINLINE void tc_save(char *st, int64_t sd, int R, const char *tmp, i
         for (int k = 0; k < R; k++) gdn_store_raw(st, c * sd + k, gdn_load_raw(tmp + k * bs, c, dt), dt);
 }
 
+#ifdef TC_ROLL
+/* The speculative roll of a time-contiguous state, in place: of channels [0, n) at st,
+ * rows k < k0 <- old rows k + shift, rows k0 + t <- tok row t (rows bs apart, t < nt);
+ * reads old rows before it writes them; writes nothing else. Each channel's rows are
+ * contiguous, so the old rows move by a load at an offset, and only the token rows
+ * are transposed (state_out would transpose all k0 + nt rows from the staged window).
+ * The ISA header's tc_roll_line does a line; AVX2 (no 16-bit masked load or store)
+ * keeps state_out. */
+static GDN_NOINLINE void tc_roll(char *st, int64_t sd, int64_t shift, int k0, const char *tok, int64_t bs, int nt,
+                                 int64_t n, const int dt) {
+    const int e = gdn_elsize(dt), line = TC_LINE(e);
+    int64_t c = 0;
+    if (sd <= GDN_TC_MAX_SD) {
+        const int64_t nl = n / line * line;
+        tc_roll_plan t;
+        tc_plan_roll(&t, (int)sd, k0, nt, e);
+#define TC_ROLL_LINES(SD, E) for (; c < nl; c += line) tc_roll_line(st + E * c * SD, SD, shift, tok + E * c, bs, nt, &t, E)
+        TC_SWITCH(sd, e, TC_ROLL_LINES)
+#undef TC_ROLL_LINES
+    }
+    for (; c < n; c++) {
+        for (int k = 0; k < k0; k++) gdn_store_raw(st, c * sd + k, gdn_load_raw(st, c * sd + k + shift, dt), dt);
+        for (int k = 0; k < nt; k++) gdn_store_raw(st, c * sd + k0 + k, gdn_load_raw(tok + k * bs, c, dt), dt);
+    }
+}
+#endif
+
 /* State rows [0, R) at st (rows sl bytes apart, channels sd elements apart) of the
  * unit's n channels (whole line steps) to buf rows bs bytes apart, and back. room:
  * as tc_load's. */
@@ -161,9 +188,14 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
                 const int64_t nt = r.T - t0 < GDN_SLAB ? r.T - t0 : GDN_SLAB;
                 for (int64_t j = 0; j < nt; j++)
                     simd_copy(buf + (H + j) * bs, r.x + e * c0 + (t0 + j) * xt, bytes);
-                if (spec && t0 == 0)  /* the roll: rows 0..W-3 <- window rows 1..W-2, rows W-2+t <- x[t] */
-                    state_out(st, sl, sd, H - 1 + (int)nt, buf + bs, bs, nline, p->dtype);
-                else if (spec)
+                if (spec && t0 == 0) {  /* the roll: rows 0..W-3 <- window rows 1..W-2, rows W-2+t <- x[t] */
+#ifdef TC_ROLL
+                    if (sd > 1)   /* window rows 1..W-2 are old rows off+1.. in place */
+                        tc_roll(st, sd, r.off + 1, H - 1, buf + H * bs, bs, (int)nt, nline, p->dtype);
+                    else
+#endif
+                        state_out(st, sl, sd, H - 1 + (int)nt, buf + bs, bs, nline, p->dtype);
+                } else if (spec)
                     state_out(st + (W - 2 + t0) * sl, sl, sd, (int)nt, buf + H * bs, bs, nline, p->dtype);
                 char *os = r.out + e * c0 + t0 * ot;
                 for (int64_t c = 0; c < nline; c += step) {
