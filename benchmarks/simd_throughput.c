@@ -11,7 +11,10 @@
  * one 0.5 (512-bit operations run as two halves), vreduceps and vscalefps 2.0,
  * vcvtneps2bf16 1.7; an FMA and an add overlap, an FMA and rcp14 do not, and
  * vreduceps and vscalefps take the add pipes. The bf16 SiLU (mul, reduce, two FMAs,
- * scalef, add, rcp14, mul) thus needs ~5 cycles of each pipe pair per 16 outputs. */
+ * scalef, add, rcp14, mul) thus needs ~5 cycles of each pipe pair per 16 outputs.
+ * On the 2-core Sapphire Rapids-class VM (3 runs at the default clock) the two-source
+ * word permute vpermt2w took 2.7-2.8 cycles, twice vpermt2d's 1.3-1.4 (and vpermw's
+ * 1.4-2.1; a zmm add 0.7-1.1): the time-contiguous transposition's cost (docs/design.md). */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +57,8 @@ static double ghz = 3.65;
 #define Z_CBF(x) _mm512_castsi512_ps(_mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(x)))
 #define Z_C2BF(x) _mm512_castsi512_ps((__m512i)_mm512_cvtne2ps_pbh(x, k))
 #define Z_PW(x) _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_castps_si512(k), _mm512_castps_si512(x)))
+#define Z_P2W(x) _mm512_castsi512_ps(_mm512_permutex2var_epi16(_mm512_castps_si512(x), _mm512_castps_si512(k), _mm512_castps_si512(k)))
+#define Z_P2D(x) _mm512_castsi512_ps(_mm512_permutex2var_epi32(_mm512_castps_si512(x), _mm512_castps_si512(k), _mm512_castps_si512(k)))
 #define Z_DP(x) _mm512_dpbf16_ps(x, (__m512bh)_mm512_castps_si512(k), (__m512bh)_mm512_castps_si512(k))
 #define Y_FMA(x) _mm256_fmadd_ps(x, k, k)
 #define Y_ADD(x) _mm256_add_ps(x, k)
@@ -74,6 +79,8 @@ int main(int argc, char **argv) {
     BENCH(__m512, _mm512_set1_ps, "zmm cvtneps2bf16", Z_CBF, Z_CBF)
     BENCH(__m512, _mm512_set1_ps, "zmm cvtne2ps2bf16", Z_C2BF, Z_C2BF)
     BENCH(__m512, _mm512_set1_ps, "zmm vpermw", Z_PW, Z_PW)
+    BENCH(__m512, _mm512_set1_ps, "zmm vpermt2w", Z_P2W, Z_P2W)
+    BENCH(__m512, _mm512_set1_ps, "zmm vpermt2d", Z_P2D, Z_P2D)
     BENCH(__m512, _mm512_set1_ps, "zmm dpbf16ps", Z_DP, Z_DP)
     return 0;
 }
