@@ -226,6 +226,8 @@ def test_non_native_byte_order(rng, arg):
         res = gdnconv.conv_update_multi(args["x"], args["conv_state"], args["weight"], out=args["out"])
     except (TypeError, ValueError) as e:
         assert arg in str(e)
+        if arg in ("conv_state", "out"):   # written in place: a converted copy is no fix
+            assert "in place" in str(e) and "astype" not in str(e), str(e)
         np.testing.assert_array_equal(args["conv_state"], state_before)
         np.testing.assert_array_equal(args["out"], out_before)
         return

@@ -140,8 +140,10 @@ cdef object _view(object a, View *v, str name):
     if cnp.PyArray_Check(a):
         arr = <cnp.ndarray>a
         if not cnp.PyArray_ISNOTSWAPPED(arr):
-            raise ValueError(f"{name} has non-native byte order (dtype {a.dtype.str}): "
-                             f"use {name}.astype({name}.dtype.newbyteorder('='))")
+            # inputs were made native by _native: this is an array the call writes in place
+            raise ValueError(f"{name} has non-native byte order (dtype {a.dtype.str}) and is written in "
+                             f"place: allocate it with dtype '{a.dtype.newbyteorder('=').str}' (a converted "
+                             f"copy would not receive the update)")
         v.ndim = cnp.PyArray_NDIM(arr)
         if v.ndim > 3:
             raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(a.shape)}")
