@@ -80,6 +80,23 @@ def _overlap_x_state(kw):
     return kw
 
 
+def _in_state_buffer(name, make):
+    """kw[name] replaced by make(buf) of a buffer whose first S slots are conv_state."""
+    def apply(kw):
+        buf = np.random.default_rng(3).standard_normal((S + 2, L, D)).astype(np.float32)
+        kw["conv_state"] = buf[:S]
+        kw[name] = make(buf)
+        kw["_keep"] = buf
+        return kw
+    return apply
+
+
+def _slots_in(buf):
+    """The base call's slots, stored in slot 1 of the state buffer."""
+    buf[1, 0, :3] = np.array([3, 0, 4], np.int32).view(np.float32)
+    return buf[1, 0, :3].view(np.int32)
+
+
 def _dtype(name, dt):
     return lambda kw: kw[name].astype(dt)
 
@@ -159,6 +176,10 @@ CASES = [
     ("out-overlaps-x", _overlap_out_x, ValueError, ["out", "x"]),
     ("out-is-reversed-x", _overlap_out_x_reversed, ValueError, ["out", "x"]),
     ("x-overlaps-conv_state", _overlap_x_state, ValueError, ["x", "conv_state"]),
+    ("weight-overlaps-conv_state", _in_state_buffer("weight", lambda buf: buf[0, :W].reshape(D, W)),
+     ValueError, ["weight", "conv_state", "copy"]),
+    ("indices-overlap-conv_state", _in_state_buffer("conv_state_indices", _slots_in),
+     ValueError, ["conv_state_indices", "conv_state", "copy"]),
     # index array types
     ("indices-float", _set(conv_state_indices=np.array([3.0, 0.0, 4.0])), TypeError, ["conv_state_indices"]),
     ("indices-bool", _set(conv_state_indices=np.array([True, False, True])), TypeError,

@@ -107,7 +107,8 @@ cdef int _read_apart(list keep, View *r, str name, const View *w, str wname, str
     of its elements, which the call keeps."""
     cdef int shared = _shares(r, w)
     if shared == 1:
-        raise ValueError(f"{name} overlaps {wname}{detail}")
+        raise ValueError(f"{name} overlaps {wname}{detail}: the call reads {name} while it writes {wname}; "
+                         f"pass a copy of {name} (.copy() or .clone())")
     if shared == 0:
         return 0
     copy = np.array(_raw(r), order="C")

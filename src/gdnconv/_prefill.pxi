@@ -244,8 +244,9 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
             ``query_start_loc``, slot out of range or used twice, ``cache_indices``
             or ``has_initial_state`` without ``conv_state``, read-only or
             self-overlapping ``conv_state``/``out``, ``out`` overlapping
-            ``conv_state`` (or ``x`` without being ``x``), ``x`` overlapping
-            ``conv_state``, non-CPU tensors.
+            ``conv_state`` (or ``x`` without being ``x``), ``x``, ``weight``,
+            ``bias`` or an index array overlapping ``conv_state`` or ``out``,
+            non-CPU tensors.
         MemoryError: no memory for the weight conversion.
         Nothing is written when an exception is raised.
     """

@@ -219,7 +219,8 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             array that overlaps itself or has non-native byte order,
             ``num_accepted_tokens`` out of range, bad ``query_start_loc``, read-only
             ``conv_state``/``out``, ``out`` overlapping ``conv_state`` (or ``x``
-            without being ``x``), ``x`` overlapping ``conv_state``, non-CPU tensors.
+            without being ``x``), ``x``, ``weight``, ``bias`` or an index array
+            overlapping ``conv_state`` or ``out``, non-CPU tensors.
         Nothing is written when an exception is raised.
     """
     cdef _Update c = _Update()
