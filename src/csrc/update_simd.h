@@ -49,7 +49,9 @@ GDN_INLINE void simd_copy(char *dst, const char *src, int64_t bytes) {
  * [..., 1:] (sd = W), or padded. simd_unit moves state rows through its staging
  * buffer either way (state_in / state_out below): a channel-contiguous state row by
  * row, a time-contiguous one transposed on the way, so the outputs and the state are
- * those of the channel-contiguous call, bit for bit. The ISA header provides, for
+ * those of the channel-contiguous call, bit for bit (the speculative roll of a
+ * time-contiguous state goes in place where the ISA has tc_roll_line: see tc_roll).
+ * The ISA header provides, for
  * sd <= GDN_TC_MAX_SD, the register transposition of one 64-byte line of channels
  * (TC_LINE(e) channels of e-byte elements, a tc_plan built once per call of
  * tc_load / tc_save):
@@ -162,7 +164,8 @@ GDN_INLINE void state_out(char *st, int64_t sl, int64_t sd, int R, const char *b
  *   buf rows 0..H-1 = the window (conv_state rows off..off+H-1, then the last H
  *   inputs of the previous slab), rows H.. = the slab's tokens (raw bits);
  *   the state roll is written from buf (state_out: row by row, or transposed for a
- *   time-contiguous state, as state_in read the window); the convolution reads buf,
+ *   time-contiguous state, as state_in read the window; or in place, tc_roll, for a
+ *   time-contiguous state in speculative mode); the convolution reads buf,
  *   with weights and history in registers, and writes out. Everything is read
  *   before anything is written, so out may be x. */
 GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
