@@ -13,6 +13,7 @@ from conftest import as_np, assert_bits_equal, bits, reference, run_python
 from gdnconv.testing import assert_outputs_close
 
 torch = pytest.importorskip("torch")
+import gdnconv  # noqa: E402
 import gdnconv.vllm as gv  # noqa: E402
 
 TD = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -51,8 +52,8 @@ def test_update_against_reference(dtype, state_storage, x_layout, spec, given_ou
     L = W - 2 + T + 1 if spec else W - 1
     seed = zlib.crc32(repr((dtype, state_storage, x_layout, spec, given_out)).encode())
     conv_state, weight, bias, tokens = _tensors(seed, dtype, B, T, D, W, L, S, state_storage)
-    slots = torch.tensor([[3, 9], [0, 9], [6, 9], [1, 9]], dtype=torch.int32)  # (B, k): column 0 is used
-    # slot 0 is vLLM's null block (null_block_id defaults to 0): request 1 is skipped
+    slots = torch.tensor([[3, 9], [0, 9], [6, 9], [-1, 9]], dtype=torch.int32)  # (B, k): column 0 is used
+    # vLLM's CPU binding: slot 0 is live, -1 (PAD_SLOT_ID) marks padding: request 3 is skipped
     nat = torch.tensor([1, 2, min(3, L - W + 2), 2], dtype=torch.int32) if spec else None
     qsl = None
     if x_layout == "BD":
@@ -77,8 +78,8 @@ def test_update_against_reference(dtype, state_storage, x_layout, spec, given_ou
     res_bt = res.transpose(1, 2) if x_layout == "BDT" else res
     mode_kw = dict(activation="silu", num_accepted_tokens=None if nat is None else nat.numpy(),
                    conv_state_indices=slots[:, 0].numpy(), query_start_loc=None if qsl is None else qsl.numpy(),
-                   pad_slot_id=0)
-    skip_req = 1
+                   pad_slot_id=-1)
+    skip_req = 3
     if x_layout == "varlen":
         skip = np.zeros(x_bt.shape[0], bool)
         skip[int(qsl[skip_req]):int(qsl[skip_req + 1])] = True
@@ -92,47 +93,145 @@ def test_update_against_reference(dtype, state_storage, x_layout, spec, given_ou
 
 
 def test_pad_markers_and_activation_forms():
-    """pad_slot_id (CPU variant's name) wins over null_block_id; null_block_id=None pads nothing;
-    activation False/None are the same; fp32 weights with bf16 activations are accepted."""
+    """Pads as vLLM's CPU binding reads them: -1 (pad_slot_id) always, slot 0 live, null_block_id
+    only where it is passed; another pad_slot_id replaces -1. activation False/None are the same;
+    fp32 weights with bf16 activations give the same bits."""
     conv_state, weight, bias, tokens = _tensors(1, "bf16", 3, 1, 24, 4, 3, 5, "SD")
     x = tokens[:, 0].clone()
-    slots = torch.tensor([2, -1, 0], dtype=torch.int32)
-    for kw, skipped in ((dict(pad_slot_id=-1), [1]), (dict(null_block_id=None, pad_slot_id=-1), [1]),
-                        (dict(), [2])):
-        st = conv_state.clone()
-        xs = x.clone()
-        if not kw:   # default null_block_id = 0: slot -1 is out of range -> refused
-            with pytest.raises(ValueError, match="conv_state_indices"):
-                gv.causal_conv1d_update(xs, st, weight, bias, False, conv_state_indices=slots)
-            assert torch.equal(st, conv_state) and torch.equal(xs, x)
-            continue
+    for slots, kw, skipped in (([2, -1, 0], dict(), [1]), ([2, -1, 0], dict(null_block_id=0), [1, 2]),
+                               ([2, 3, 0], dict(pad_slot_id=0), [2]),
+                               ([2, -1, 0], dict(null_block_id=0, pad_slot_id=-1), [1, 2])):
+        slots = torch.tensor(slots, dtype=torch.int32)
+        st, xs = conv_state.clone(), x.clone()
         r1 = gv.causal_conv1d_update(xs.clone(), st.clone(), weight.float(), bias.float(), None,
                                      conv_state_indices=slots, **kw)
         r2 = gv.causal_conv1d_update(xs, st, weight, bias, False, conv_state_indices=slots, **kw)
         assert torch.equal(bits_t(r1), bits_t(r2))
+        pad = kw.get("pad_slot_id", -1)
+        ref_slots = np.array([pad if i in skipped else int(s) for i, s in enumerate(slots)], np.int32)
+        ref_out, ref_state, mag = reference(as_np(x), as_np(conv_state.transpose(1, 2)), as_np(weight),
+                                            as_np(bias), activation=None, conv_state_indices=ref_slots,
+                                            pad_slot_id=pad)
+        live = np.array([i not in skipped for i in range(3)])
+        assert_outputs_close(r2, ref_out, mag, silu=False, rows=live)
+        assert_bits_equal(st.transpose(1, 2), ref_state, "conv_state")
         for i in skipped:
-            assert torch.equal(bits_t(r2[i]), bits_t(x[i]))
+            assert torch.equal(bits_t(r2[i]), bits_t(x[i])), "skipped rows are left as they were"
 
 
 def bits_t(t):
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
-def test_mixed_dtype_x_is_converted_like_vllm():
-    """x in float32 with a bf16 state: computed on x.to(bf16), returned as float32, x unchanged."""
+@pytest.mark.parametrize("given_out", [False, True])
+def test_mixed_dtype_x_is_converted_like_vllm(given_out):
+    """x in float32 with a bf16 state: computed on x.to(bf16) as vLLM does, the result written
+    (as float32) into out, or into x itself when out is None, whatever the dtypes."""
     conv_state, weight, bias, tokens = _tensors(2, "bf16", 2, 1, 16, 4, 3, 2, "SD")
     x = torch.randn(2, 16)
     x0 = x.clone()
     st = conv_state.clone()
-    res = gv.causal_conv1d_update(x, st, weight, bias, "silu")
-    assert res.dtype == torch.float32 and torch.equal(x, x0)
+    out = torch.full_like(x, 5.0) if given_out else None
+    res = gv.causal_conv1d_update(x, st, weight, bias, "silu", out=out)
+    assert res is (out if given_out else x) and res.dtype == torch.float32
+    assert torch.equal(x, x0) == given_out
     st2 = conv_state.clone()
-    ref = gv.causal_conv1d_update(x.bfloat16(), st2, weight, bias, "silu")
+    ref = gv.causal_conv1d_update(x0.bfloat16(), st2, weight, bias, "silu")
     assert torch.equal(res, ref.float()) and torch.equal(bits_t(st), bits_t(st2))
 
 
+def test_index_arrays_longer_than_the_batch_use_their_first_entries():
+    """vLLM's kernels read the first B entries of conv_state_indices / num_accepted_tokens /
+    cache_indices (its buffers are allocated for the largest batch)."""
+    conv_state, weight, bias, tokens = _tensors(4, "bf16", 2, 3, 32, 4, 5, 6, "SD")
+    x = tokens.transpose(1, 2)
+    long_idx, long_nat = torch.tensor([4, 1, 0, 0, 3], dtype=torch.int32), torch.tensor([2, 1, 7, 0], dtype=torch.int32)
+    a, b = conv_state.clone(), conv_state.clone()
+    ra = gv.causal_conv1d_update(x.clone(), a, weight, bias, "silu", long_idx, long_nat)
+    rb = gv.causal_conv1d_update(x.clone(), b, weight, bias, "silu", long_idx[:2].clone(), long_nat[:2].clone())
+    assert torch.equal(bits_t(ra), bits_t(rb)) and torch.equal(bits_t(a), bits_t(b))
+    qsl = torch.tensor([0, 2, 3], dtype=torch.int32)
+    pa, pb = conv_state.clone(), conv_state.clone()
+    oa = gv.causal_conv1d_fn(tokens[0].T, weight, bias, pa, qsl, long_idx, torch.tensor([True, False, True]))
+    ob = gv.causal_conv1d_fn(tokens[0].T, weight, bias, pb, qsl, long_idx[:2].clone(), torch.tensor([True, False]))
+    assert torch.equal(bits_t(oa), bits_t(ob)) and torch.equal(bits_t(pa), bits_t(pb))
+
+
+def test_errors_name_the_callers_shapes():
+    """Shapes in messages are the ones the caller passed, in vLLM's order."""
+    conv_state, weight, bias, tokens = _tensors(5, "fp32", 2, 3, 16, 4, 3, 4, "SD")
+    x = torch.zeros(2, 12, 3)                           # (batch, dim, seqlen) with dim 12 != 16
+    before = conv_state.clone()
+    with pytest.raises(ValueError, match=r"x dim 12 \(shape \(2, 12, 3\)\).*\(batch, dim, seqlen\)"):
+        gv.causal_conv1d_update(x, conv_state, weight, bias, "silu", num_accepted_tokens=torch.ones(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"state_len = conv_state.shape\[2\] = 2 is too small"):
+        gv.causal_conv1d_update(tokens[:, 0].clone(), conv_state[:, :, :2], weight, bias, "silu")
+    with pytest.raises(ValueError, match=r"x dim 12 \(shape \(12, 5\)\).*\(dim, num_tokens\)"):
+        gv.causal_conv1d_fn(torch.zeros(12, 5), weight, bias, conv_state, torch.tensor([0, 5], dtype=torch.int32))
+    assert torch.equal(bits_t(conv_state), bits_t(before))
+
+
+@pytest.mark.parametrize("mode", ["plain", "spec", "prefill"])
+def test_packed_weight_gives_the_plain_weights_bits(mode):
+    """is_weight_packed=True: a weight in vLLM's packed layout (causal_conv1d_weight_pack, at load on
+    AVX512-BF16 hosts) gives the bits of its plain weight; the unpacked copy is remade when the
+    packed tensor is changed in place."""
+    B, D, W, T = 3, 64, 4, 3
+    conv_state, weight, bias, tokens = _tensors(7, "bf16", B, T, D, W, W - 2 + T, 5, "SD")
+    packed = gv.pack_weight_like_vllm(weight)
+    assert packed.shape == weight.shape and not torch.equal(packed, weight)
+    assert torch.equal(gv.unpack_weight(packed), weight)
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32)
+
+    def call(w, packed_flag, st):
+        if mode == "prefill":
+            qsl = torch.tensor([0, 2, 2, 9], dtype=torch.int32)
+            return gv.causal_conv1d_fn(tokens.reshape(-1, D)[:9].T, w, bias, st, qsl, slots,
+                                       torch.tensor([True, False, True]), is_weight_packed=packed_flag)
+        nat = torch.tensor([1, 3, 2], dtype=torch.int32) if mode == "spec" else None
+        x = tokens.transpose(1, 2).clone() if mode == "spec" else tokens[:, 0].clone()
+        return gv.causal_conv1d_update(x, st, w, bias, "silu", slots, nat, is_weight_packed=packed_flag)
+
+    for step in range(2):
+        a, b = conv_state.clone(), conv_state.clone()
+        ra, rb = call(weight, False, a), call(packed, True, b)
+        assert torch.equal(bits_t(ra), bits_t(rb)) and torch.equal(bits_t(a), bits_t(b))
+        packed.mul_(-1)       # in place: the cached unpacked copy must not be reused
+        weight = gv.unpack_weight(packed)
+
+
+def test_packed_weight_refusals_write_nothing():
+    conv_state, weight, bias, tokens = _tensors(8, "bf16", 2, 1, 40, 4, 3, 4, "SD")
+    before = conv_state.clone()
+    for w in (weight, torch.zeros(64, 3, dtype=torch.bfloat16), torch.zeros(4, 64, dtype=torch.bfloat16).T):
+        with pytest.raises(ValueError, match="is_weight_packed=True must be vLLM's packed"):
+            gv.causal_conv1d_update(tokens[:, 0].clone(), conv_state, w, bias, "silu", is_weight_packed=True)
+    assert torch.equal(bits_t(conv_state), bits_t(before))
+
+
+@pytest.mark.parametrize("arg", ["weight", "bias", "x"])
+@pytest.mark.parametrize("dtype", ["float64", "int32", "bool", "complex64", "int64"])
+def test_adapter_refuses_the_dtypes_the_core_refuses(arg, dtype):
+    """No conversion the core would not make: the core's own exception and message, nothing written."""
+    conv_state, weight, bias, tokens = _tensors(9, "fp32", 2, 1, 16, 4, 3, 4, "SD")
+    x = tokens[:, 0].clone()
+    bad = dict(weight=weight, bias=bias, x=x)
+    bad[arg] = bad[arg].to(getattr(torch, dtype))
+    before, x_before = conv_state.clone(), x.clone()
+    with pytest.raises((TypeError, ValueError)) as core_err:
+        gdnconv.conv_update_multi(bad["x"], conv_state.clone(), bad["weight"], bad["bias"])
+    with pytest.raises(type(core_err.value)) as err:
+        gv.causal_conv1d_update(bad["x"], conv_state.transpose(1, 2), bad["weight"], bad["bias"], "silu")
+    assert str(err.value) == str(core_err.value)
+    assert torch.equal(bits_t(conv_state), bits_t(before)) and torch.equal(x, x_before)
+    with pytest.raises(type(core_err.value)):
+        gv.causal_conv1d_fn(bad["x"].T, bad["weight"], bad["bias"], conv_state.transpose(1, 2),
+                            torch.tensor([0, 1, 2], dtype=torch.int32))
+    assert torch.equal(bits_t(conv_state), bits_t(before))
+
+
 @pytest.mark.parametrize("case", ["apc_last", "apc_init", "max_query_len", "varlen_no_indices",
-                                  "activation", "markers", "state_rank", "out_shape", "mixed_out",
+                                  "activation", "state_rank", "out_shape", "mixed_out",
                                   "max_query_len_type", "x_rank"])
 def test_refusals_write_nothing(case):
     conv_state, weight, bias, tokens = _tensors(3, "fp32", 2, 2, 16, 4, 3, 4, "SD")
@@ -155,16 +254,13 @@ def test_refusals_write_nothing(case):
             match = "conv_state_indices is required"
     elif case == "activation":
         args[4], match = "gelu", "activation"
-    elif case == "markers":
-        kw.update(pad_slot_id=-1, null_block_id=5)
-        match = "disagree"
     elif case == "state_rank":
         args[1], match = conv_state[None], "conv_state must be a 3-D"
     elif case == "out_shape":
-        kw["out"], match = torch.zeros(2, 16), "out must be"
-    elif case == "mixed_out":
-        args[0] = x.double()
-        kw["out"], match, err = torch.zeros_like(x, dtype=torch.float64), "out with x.dtype", TypeError
+        kw["out"], match = torch.zeros(2, 16), r"out shape \(2, 16\) does not match x shape \(2, 16, 2\)"
+    elif case == "mixed_out":    # computed in bf16, written back: out is checked first
+        conv_state = args[1] = conv_state.bfloat16()
+        kw["out"], match = torch.zeros(2, 16, 3), "out must be a tensor of x's shape"
     elif case == "max_query_len_type":
         kw["max_query_len"], match, err = 2.0, "max_query_len must be an int", TypeError
     else:
@@ -198,9 +294,11 @@ def _prefill_reference(x_nd, state_sld, weight, bias, qsl, slots, init, activati
 @pytest.mark.parametrize("state_storage", ["SD", "DS"])
 @pytest.mark.parametrize("indices", ["1d", "2d", "none"])
 @pytest.mark.parametrize("W", [2, 4])
-def test_prefill_against_reference(dtype, state_storage, indices, W):
+@pytest.mark.parametrize("null_block_id", [None, 0])
+def test_prefill_against_reference(dtype, state_storage, indices, W, null_block_id):
     """Five varlen requests (5, 1, 0, 7 and 3 tokens): with and without initial state, one in
-    the null block (slot 0), one marked pad_slot_id; x (D, N) as vLLM passes it, the state as
+    slot 0 (live, or the null block when null_block_id=0 is passed), one marked pad_slot_id
+    (-1); x (D, N) as vLLM passes it, the state as
     (S, D, L) views of either storage. Live rows within SPEC's tolerance, skipped rows zero,
     the state bit for bit (rows past W-2 and skipped slots untouched)."""
     D, S, L = 40, 8, W - 1 + 2
@@ -215,13 +313,13 @@ def test_prefill_against_reference(dtype, state_storage, indices, W):
         slots = torch.arange(B, dtype=torch.int32)      # request i -> slot i; request 0 uses slot 0
         ci, markers = None, (-1,)
     else:
-        slots = torch.tensor([3, 6, 2, 0, -1], dtype=torch.int32)   # 0: null block, -1: pad_slot_id
+        slots = torch.tensor([3, 6, 2, 0, -1], dtype=torch.int32)   # -1: pad_slot_id
         ci = slots if indices == "1d" else torch.stack([slots, slots + 100], 1)
-        markers = (-1, 0)
+        markers = (-1,) if null_block_id is None else (-1, 0)
     before = conv_state.clone()
     ref_out, ref_state, mag = _prefill_reference(x_nd, before.transpose(1, 2), weight, bias, qsl, slots,
                                                  init, "silu", markers)
-    res = gv.causal_conv1d_fn(x_nd.T, weight, bias, conv_state, qsl, ci, init, True)
+    res = gv.causal_conv1d_fn(x_nd.T, weight, bias, conv_state, qsl, ci, init, True, null_block_id=null_block_id)
     assert res.shape == (D, N) and res.dtype == x_nd.dtype and res.stride() == (1, D)
     skip = np.zeros(N, bool)
     for i, s in enumerate(slots.tolist()):
@@ -360,8 +458,10 @@ def test_speculative_matches_vllm_cpu_op():
     st_v, st_g = conv_state.clone(), conv_state.clone()
     out_v = ops.causal_conv1d_update_cpu(tokens.clone(), st_v, ops.causal_conv1d_weight_pack(weight), bias, True,
                                          nat, slots, -1, True)
-    out_g = gv.causal_conv1d_update(tokens.transpose(1, 2).clone(), st_g, weight, bias, "silu",
-                                    conv_state_indices=slots, num_accepted_tokens=nat, pad_slot_id=-1)
+    packed = ops.causal_conv1d_weight_pack(weight)
+    assert torch.equal(packed, gv.pack_weight_like_vllm(weight)), "vLLM's packed layout is the documented one"
+    out_g = gv.causal_conv1d_update(tokens.transpose(1, 2).clone(), st_g, packed, bias, "silu",
+                                    conv_state_indices=slots, num_accepted_tokens=nat, is_weight_packed=True)
     assert_bits_equal(st_g, st_v, "conv_state")
     np.testing.assert_allclose(as_np(out_g.transpose(1, 2)).astype(np.float64),
                                as_np(out_v).astype(np.float64), rtol=2 ** -7, atol=2 ** -7)

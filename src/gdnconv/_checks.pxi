@@ -195,13 +195,15 @@ cdef int _written(const View *v, object a, str name) except -1:
     return 0
 
 
-cdef int _state_dims(const View *sv, object conv_state, int64_t D) except -1:
-    """conv_state must be (num_slots, state_len, D) with weight's D."""
+cdef int _state_dims(const View *sv, object conv_state, int64_t D, bint vllm=False) except -1:
+    """conv_state must be (num_slots, state_len, D) with weight's D ((num_slots, D, state_len)
+    in vLLM's order, which sv already shows as gdnconv's)."""
     if sv.ndim != 3:
-        raise ValueError(f"conv_state must have shape (num_slots, state_len, D), got {tuple(conv_state.shape)}")
+        layout = "(num_cache_lines, dim, state_len)" if vllm else "(num_slots, state_len, D)"
+        raise ValueError(f"conv_state must have shape {layout}, got {tuple(conv_state.shape)}")
     if sv.shape[2] != D:
         hint = (f": a (num_slots, D, state_len) state (vLLM's DS layout, transformers' cache) is passed "
-                f"as conv_state.transpose(1, 2)" if sv.shape[1] == D else "")
+                f"as conv_state.transpose(1, 2)" if sv.shape[1] == D and not vllm else "")
         raise ValueError(f"conv_state dim {sv.shape[2]} (shape {tuple(conv_state.shape)}) does not "
                          f"match weight dim {D}{hint}")
     return 0

@@ -10,6 +10,7 @@ cdef class _Prefill:
     cdef list keep
     cdef object flags           # has_initial_state as a private (B,) uint8 copy, or None
     cdef bint out_is_x, varlen, has_state
+    cdef bint vllm              # arguments in vLLM's order (gdnconv.vllm): x and out (D, N), state (S, D, L)
     cdef int64_t B, T, N, S, L, D, W, pad_slot_id
     cdef int dt, wdt, silu
 
@@ -53,9 +54,11 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
 
     # ---- arrays and dtypes
     c.keep.append(_view(x, &c.xv, "x"))
+    _vllm_tokens(&c.xv, c.vllm)
     c.dt = _dtype_of(&c.xv, x, "x")
     if c.has_state:
         c.keep.append(_view(conv_state, &c.sv, "conv_state"))
+        _vllm_order(&c.sv, c.vllm)
         if _dtype_of(&c.sv, conv_state, "conv_state") != c.dt:
             raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
     else:   # an empty view: overlaps nothing
@@ -65,6 +68,7 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
     c.wdt = _weights(c.keep, &c.wv, &c.bv, weight, bias, x, c.dt)
     if out is not None:
         c.keep.append(_view(out, &c.ov, "out"))
+        _vllm_tokens(&c.ov, c.vllm)
         if _dtype_of(&c.ov, out, "out") != c.dt:
             raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
 
@@ -72,21 +76,22 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
     D = c.wv.shape[0]
     W = c.wv.shape[1]
     if c.xv.ndim in (2, 3) and c.xv.shape[c.xv.ndim - 1] != D:
-        hint = (f": x looks like vLLM's (D, N) layout; pass x.T (a free view, the fast layout)"
+        hint = ("" if c.vllm else
+                f": x looks like vLLM's (D, N) layout; pass x.T (a free view, the fast layout)"
                 if c.xv.ndim == 2 and c.xv.shape[0] == D else
                 f": x looks like vLLM's Triton layout (B, D, T); pass x.transpose(1, 2)"
                 if c.xv.ndim == 3 and c.xv.shape[1] == D else "")
+        layout = "(dim, num_tokens)" if c.vllm else "(N, D) or (B, T, D), channels last"
         raise ValueError(f"x dim {c.xv.shape[c.xv.ndim - 1]} (shape {tuple(x.shape)}) does not match "
-                         f"weight dim {D} (weight shape {tuple(weight.shape)}): x is (N, D) or (B, T, D), "
-                         f"channels last{hint}")
+                         f"weight dim {D} (weight shape {tuple(weight.shape)}): x is {layout}{hint}")
     if c.has_state:
-        _state_dims(&c.sv, conv_state, D)
+        _state_dims(&c.sv, conv_state, D, c.vllm)
         S = c.sv.shape[0]
         L = c.sv.shape[1]
         _written(&c.sv, conv_state, "conv_state")
         if L < W - 1:
-            raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: conv_prefill keeps the "
-                             f"last width - 1 = {W - 1} inputs there (state_len >= {W - 1})")
+            raise ValueError(f"state_len = conv_state.shape[{2 if c.vllm else 1}] = {L} is too small: "
+                             f"conv_prefill keeps the last width - 1 = {W - 1} inputs there (state_len >= {W - 1})")
     if c.xv.ndim == 3:
         if query_start_loc is not None:
             raise ValueError(f"x must be 2-D (N, D) with query_start_loc, got shape {tuple(x.shape)}")
@@ -250,7 +255,30 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
         MemoryError: no memory for the weight conversion.
         Nothing is written when an exception is raised.
     """
+    return _prefill(_Prefill(), x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
+                    has_initial_state, pad_slot_id, out, num_threads)
+
+
+def _conv_prefill_vllm(x, weight, bias=None, *, activation=None, conv_state=None, query_start_loc=None,
+                       cache_indices=None, has_initial_state=None, pad_slot_id=-1):
+    """conv_prefill on tensors in vLLM's order (gdnconv.vllm): x (D, N), conv_state (S, D, L);
+    read as gdnconv's views, no transposed tensors made. Returns a new (D, N) tensor whose
+    memory is (N, D), channels last. Errors name the caller's shapes."""
     cdef _Prefill c = _Prefill()
+    c.vllm = True
+    return _prefill(c, x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
+                    has_initial_state, pad_slot_id, None, None)
+
+
+cdef inline void _vllm_tokens(View *v, bint vllm) noexcept:
+    """vLLM's (D, N) prefill tokens as gdnconv's (N, D) view."""
+    if vllm and v.ndim == 2:
+        _swap_axes(v, 0, 1)
+
+
+cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
+                     has_initial_state, pad_slot_id, out, num_threads):
+    """The body of conv_prefill (and of the vLLM-order entry)."""
     cdef int nthreads = _call_threads(num_threads)
     cdef int rc
     # convert first: user code (__array__) must not run once pointers are taken
@@ -266,10 +294,15 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
         # a time chunk reads its window from x rows that earlier outputs would overwrite
         x = x.clone() if c.xv.torch else np.array(x, order="C")
         c.keep.append(_view(x, &c.xv, "x"))
+        _vllm_tokens(&c.xv, c.vllm)
     new_out = out is None
     if new_out:
-        out = _new_like(x, &c.xv)
+        if c.vllm:   # (D, N) over (N, D) memory
+            out = _torch.empty_strided((c.D, c.N), (1, c.D), dtype=x.dtype)
+        else:
+            out = _new_like(x, &c.xv)
         c.keep.append(_view(out, &c.ov, "out"))
+        _vllm_tokens(&c.ov, c.vllm)
     _prefill_params(c, bias is not None, cache_indices is not None, new_out)
     with nogil:
         rc = gdn_prefill_run(&c.p, nthreads)

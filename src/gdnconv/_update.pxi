@@ -8,11 +8,25 @@ cdef class _Update:
     cdef View xv, sv, wv, bv, ov, iv, nv, qv
     cdef list keep
     cdef bint out_is_x, varlen
+    cdef bint vllm              # arguments in vLLM's order (gdnconv.vllm): state (S, D, L), x (B, D, T)
     cdef int64_t B, T, N, S, L, D, W, pad_slot_id
     cdef int dt, wdt, silu
 
     def __cinit__(self):
         self.keep = []
+
+
+cdef inline void _swap_axes(View *v, int a, int b) noexcept:
+    """v as the view with axes a and b exchanged (no copy): how vLLM-order tensors become
+    gdnconv's (S, L, D) state and (B, T, D) / (N, D) tokens."""
+    v.shape[a], v.shape[b] = v.shape[b], v.shape[a]
+    v.strides[a], v.strides[b] = v.strides[b], v.strides[a]
+
+
+cdef inline void _vllm_order(View *v, bint vllm) noexcept:
+    """A 3-D view in vLLM's order ((S, D, L) state, (B, D, T) tokens) as gdnconv's."""
+    if vllm and v.ndim == 3:
+        _swap_axes(v, 1, 2)
 
 
 cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_accepted_tokens,
@@ -26,12 +40,15 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     # ---- arrays and dtypes
     c.keep.append(_view(x, &c.xv, "x"))
     c.keep.append(_view(conv_state, &c.sv, "conv_state"))
+    _vllm_order(&c.xv, c.vllm)
+    _vllm_order(&c.sv, c.vllm)
     c.dt = _dtype_of(&c.xv, x, "x")
     if _dtype_of(&c.sv, conv_state, "conv_state") != c.dt:
         raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
     c.wdt = _weights(c.keep, &c.wv, &c.bv, weight, bias, x, c.dt)
     if out is not None:
         c.keep.append(_view(out, &c.ov, "out"))
+        _vllm_order(&c.ov, c.vllm)
         if _dtype_of(&c.ov, out, "out") != c.dt:
             raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
 
@@ -40,11 +57,12 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     W = c.wv.shape[1]
     if c.xv.ndim in (2, 3) and c.xv.shape[c.xv.ndim - 1] != D:
         hint = (f": x looks like vLLM's Triton layout (B, D, T); pass x.transpose(1, 2)"
-                if c.xv.ndim == 3 and c.xv.shape[1] == D else "")
+                if c.xv.ndim == 3 and c.xv.shape[1] == D and not c.vllm else "")
+        layout = ("(batch, dim), (batch, dim, seqlen) or (num_tokens, dim)" if c.vllm else
+                  "(B, T, D), (B, D) or (N, D), channels last")
         raise ValueError(f"x dim {c.xv.shape[c.xv.ndim - 1]} (shape {tuple(x.shape)}) does not match "
-                         f"weight dim {D} (weight shape {tuple(weight.shape)}): x is (B, T, D), (B, D) "
-                         f"or (N, D), channels last{hint}")
-    _state_dims(&c.sv, conv_state, D)
+                         f"weight dim {D} (weight shape {tuple(weight.shape)}): x is {layout}{hint}")
+    _state_dims(&c.sv, conv_state, D, c.vllm)
     S = c.sv.shape[0]
     L = c.sv.shape[1]
     _written(&c.sv, conv_state, "conv_state")
@@ -65,8 +83,8 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
         raise ValueError(f"x must be (B, T, D), (B, D) or (N, D), got shape {tuple(x.shape)}")
     if L < W - 1:
         mode = "plain decode" if num_accepted_tokens is None else "speculative mode"
-        raise ValueError(f"state_len = conv_state.shape[1] = {L} is too small: {mode} needs "
-                         f"state_len >= width - 1 = {W - 1}")
+        raise ValueError(f"state_len = conv_state.shape[{2 if c.vllm else 1}] = {L} is too small: {mode} "
+                         f"needs state_len >= width - 1 = {W - 1}")
     c.out_is_x = False
     if out is not None:
         if not _same_shape(&c.ov, &c.xv):
@@ -223,7 +241,24 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             overlapping ``conv_state`` or ``out``, non-CPU tensors.
         Nothing is written when an exception is raised.
     """
+    return _update(_Update(), x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+                   query_start_loc, pad_slot_id, out, num_threads)
+
+
+def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
+                      conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
+    """conv_update_multi on tensors in vLLM's order (gdnconv.vllm): conv_state (S, D, L), a 3-D
+    x and out (B, D, T); read as gdnconv's views, no transposed tensors made. Errors name the
+    caller's shapes."""
     cdef _Update c = _Update()
+    c.vllm = True
+    return _update(c, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+                   query_start_loc, pad_slot_id, out, None)
+
+
+cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_accepted_tokens,
+                    conv_state_indices, query_start_loc, pad_slot_id, out, num_threads):
+    """The body of conv_update_multi (and of the vLLM-order entry)."""
     cdef int nthreads = _call_threads(num_threads)
     # convert first: user code (__array__) must not run once pointers are taken
     x = _input_array(x, "x")
@@ -236,8 +271,12 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
                   query_start_loc, pad_slot_id, out)
     if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
         # channels not contiguous: a contiguous copy of x (never of out or conv_state)
-        x = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
+        if c.vllm and c.xv.ndim == 3:       # (B, D, T) in vLLM's order: channels last in memory
+            x = _torch_contiguous(x.transpose(1, 2)).transpose(1, 2)
+        else:
+            x = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
         c.keep.append(_view(x, &c.xv, "x"))
+        _vllm_order(&c.xv, c.vllm)
     new_out = out is None
     if new_out:
         out = _new_like(x, &c.xv)

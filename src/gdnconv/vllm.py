@@ -1,36 +1,68 @@
 """vLLM's conv functions with vLLM's signatures, computed by gdnconv (torch CPU tensors).
 
 ref: vllm/model_executor/layers/mamba/ops/causal_conv1d.py (vLLM 0.32: ``causal_conv1d_update``,
-``causal_conv1d_fn``) and ops/cpu/causal_conv1d.py (the CPU variants, which name the pad
-marker ``pad_slot_id``). A call site swaps ``causal_conv1d_update`` for
-``gdnconv.vllm.causal_conv1d_update`` (and ``causal_conv1d_fn`` for
-``gdnconv.vllm.causal_conv1d_fn``) and keeps its arguments.
+``causal_conv1d_fn``, the Triton kernels that define the semantics) and ops/cpu/causal_conv1d.py
+(``causal_conv1d_update_cpu`` / ``causal_conv1d_fn_cpu``, what vLLM binds to those names on CPU).
+A call site swaps ``causal_conv1d_update`` for ``gdnconv.vllm.causal_conv1d_update`` (and
+``causal_conv1d_fn`` for ``gdnconv.vllm.causal_conv1d_fn``) and keeps its arguments; the vLLM
+plugin (``gdnconv.vllm_plugin``) does that for every CPU call site of vLLM 0.32.
 
 Design:
 - vLLM's tensors are views in vLLM's order: the state ``(S, D, L)`` (vLLM's default "SD"
-  storage makes it a transposed view of channel-contiguous memory: gdnconv's fast layout),
-  ``x`` ``(B, D)``, ``(B, D, T)`` or varlen ``(N, D)``. The adapter transposes the views
-  back (no copies) and makes one ``gdnconv.conv_update_multi`` call.
+  storage makes it a transposed view of channel-contiguous memory: gdnconv's fast layout; "DS"
+  storage is gdnconv's time-contiguous layout, read in place), ``x`` ``(B, D)``, ``(B, D, T)``
+  or varlen ``(N, D)``. The functions pass them to the core ops in vLLM's order (no copies,
+  no transposed views made per call); errors name the caller's shapes.
+- Conventions of vLLM's CPU bindings: ``-1`` (``pad_slot_id``) marks a padded request, slot 0
+  is a live slot, and ``null_block_id`` marks padding only where a caller passes it. Index
+  arrays longer than the batch: the first ``B`` entries are used (vLLM's kernels read so).
+- ``is_weight_packed=True``: the weight is in the layout vLLM's ``causal_conv1d_weight_pack``
+  gives it at load on AVX512-BF16 and aarch64-BF16 hosts (see ``unpack_weight``); it is
+  unpacked once per weight tensor (cached while the tensor lives and is unchanged).
 - What vLLM returns: ``out`` in ``x``'s shape and dtype; with ``out=None`` the result is
-  written into ``x`` itself, as vLLM does.
-- Arguments gdnconv cannot honour (prefix-caching block indices) raise ValueError; none
+  written into ``x`` itself, as vLLM does, whatever ``x``'s dtype.
+- The dtypes the core refuses are refused here with the core's messages: the only conversions
+  are vLLM's (``x`` to the state's float dtype) and fp16/bf16 weights widened to float32
+  (exact) when they differ from the state's dtype.
+- Arguments gdnconv cannot honour yet (prefix-caching block indices) raise ValueError; none
   is ignored.
-- ``causal_conv1d_fn`` (prefill) makes one ``gdnconv.conv_prefill`` call on ``x.T`` (vLLM's
-  ``(D, N)`` tokens are a transposed view of ``(N, D)`` memory) and the ``(S, L, D)`` state view.
 """
+import weakref
+
 import torch
 
 import gdnconv as _g
+from gdnconv import _core
 
-__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "NULL_BLOCK_ID", "PAD_SLOT_ID"]
+__all__ = ["causal_conv1d_fn", "causal_conv1d_update", "unpack_weight", "pack_weight_like_vllm",
+           "counters", "reset_counters", "NULL_BLOCK_ID", "PAD_SLOT_ID"]
 
 # vllm.v1.attention.backends.utils
 PAD_SLOT_ID = -1
 NULL_BLOCK_ID = 0
-_NO_PAD = 2 ** 63 - 1   # a pad marker no int32 slot can equal: vLLM's null_block_id=None
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_PACK_BLOCK = 32     # channels per block of causal_conv1d_weight_pack's layout
+
+# ---- counters of the vLLM plugin's routed calls (gdnconv.vllm_plugin fills them) ----
+_counters = {}
+
+
+def counters():
+    """``{site: {"routed": n, "fallback": m}}`` for the vLLM plugin's call sites in this
+    process: calls computed by gdnconv, and calls handed back to vLLM's own function (an
+    argument gdnconv does not take, or a refusal). Sites appear once the plugin routes them."""
+    return {site: dict(c) for site, c in _counters.items()}
+
+
+def reset_counters():
+    """Set every site's counts to zero."""
+    for c in _counters.values():
+        c["routed"] = c["fallback"] = 0
 
 
 def _activation(activation, name="activation"):
+    if activation is None or activation == "silu":
+        return activation
     if isinstance(activation, bool):
         return "silu" if activation else None
     if activation is None or activation in ("silu", "swish"):
@@ -46,67 +78,159 @@ def _refuse(**unsupported):
                 f"{type(value).__name__}; call vLLM's own kernel for that path, or pass {name}=None")
 
 
-def _state_view(conv_state, name):
-    """vLLM's (..., dim, state_len) state as gdnconv's (S, L, D) view."""
-    if not isinstance(conv_state, torch.Tensor) or conv_state.dim() != 3:
-        shape = tuple(conv_state.shape) if isinstance(conv_state, torch.Tensor) else type(conv_state).__name__
-        raise ValueError(f"{name} must be a 3-D (num_cache_lines, dim, state_len) tensor, got {shape}")
-    return conv_state.transpose(1, 2)
+# ---- vLLM's packed weight ----
+
+def unpack_weight(weight):
+    """The plain ``(D, W)`` weight of one in vLLM's packed layout (a new contiguous tensor).
+
+    ref: vLLM's ``causal_conv1d_weight_pack`` (``vllm._custom_ops``, csrc/cpu conv kernels),
+    applied in place at load by ``dispatch_cpu_unquantized_gemm`` (model_executor/layers/utils.py)
+    to bf16 width-4 conv weights on AVX512-BF16 and aarch64-BF16 hosts. The packed tensor keeps
+    the ``(D, 4)`` shape; its memory holds blocks of 32 channels, each as the pairs
+    ``(w[c, 0], w[c, 1])`` of its 32 channels, then the pairs ``(w[c, 2], w[c, 3])``:
+    ``packed.view(D // 32, 2, 32, 2)[b, j, c, p] = w[32 b + c, 2 j + p]`` (the pairs feed
+    ``vdpbf16ps``). Raises ValueError unless ``weight`` is ``(D, 4)`` contiguous with ``D`` a
+    multiple of 32 (the only weights vLLM packs).
+    """
+    if (not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != 4
+            or weight.shape[0] % _PACK_BLOCK or not weight.is_contiguous()):
+        what = (f"shape {tuple(weight.shape)}" + ("" if weight.is_contiguous() else ", not contiguous")
+                if isinstance(weight, torch.Tensor) else type(weight).__name__)
+        raise ValueError(f"weight with is_weight_packed=True must be vLLM's packed (D, 4) contiguous tensor with "
+                         f"D a multiple of {_PACK_BLOCK}, got {what}; pass the plain weight with "
+                         f"is_weight_packed=False")
+    D = weight.shape[0]
+    return weight.view(D // _PACK_BLOCK, 2, _PACK_BLOCK, 2).permute(0, 2, 1, 3).reshape(D, 4).contiguous()
 
 
-def _widen(t, dtype):
-    """weight/bias in a dtype gdnconv takes with activations of ``dtype``: unchanged when it
-    already is ``dtype`` or float32, else widened to float32 (exact for fp16/bf16)."""
-    if t is None or t.dtype == dtype or t.dtype == torch.float32:
-        return t
-    return t.float()
+def pack_weight_like_vllm(weight):
+    """vLLM's packed layout of a plain ``(D, 4)`` weight (the inverse of ``unpack_weight``), for
+    tests and benchmarks where vLLM's own ``causal_conv1d_weight_pack`` is not at hand."""
+    D = weight.shape[0]
+    if weight.dim() != 2 or weight.shape[1] != 4 or D % _PACK_BLOCK:
+        raise ValueError(f"weight must be (D, 4) with D a multiple of {_PACK_BLOCK}, got {tuple(weight.shape)}")
+    return weight.reshape(D // _PACK_BLOCK, _PACK_BLOCK, 2, 2).permute(0, 2, 1, 3).reshape(D, 4).contiguous()
+
+
+_unpacked = {}    # id(packed tensor) -> (weakref, version, data_ptr, plain weight)
+
+
+def _version(t):
+    try:
+        return t._version
+    except RuntimeError:         # an inference tensor has no version counter
+        return None
+
+
+def _plain_weight(weight):
+    """unpack_weight(weight), computed once per weight tensor while it lives, its memory stays
+    and its version counter does not move (an inference tensor, which has none, is unpacked
+    on every call)."""
+    key = id(weight)
+    hit = _unpacked.get(key)
+    version = _version(weight)
+    if (hit is not None and hit[0]() is weight and version is not None and hit[1] == version
+            and hit[2] == weight.data_ptr()):
+        return hit[3]
+    plain = unpack_weight(weight)
+    if version is not None:
+        _unpacked[key] = (weakref.ref(weight, lambda _, k=key: _unpacked.pop(k, None)), version,
+                          weight.data_ptr(), plain)
+    return plain
+
+
+def _weights(weight, bias, is_weight_packed, dtype):
+    """weight and bias as the core takes them with activations of ``dtype``: unpacked when
+    packed; fp16/bf16 that differ from ``dtype`` widened to float32 (exact). Any other dtype
+    is passed on for the core to refuse with its own message."""
+    if is_weight_packed:
+        weight = _plain_weight(weight)
+    if isinstance(weight, torch.Tensor) and weight.dtype != dtype and weight.dtype in _FLOATS:
+        weight = weight.float()
+    if isinstance(bias, torch.Tensor) and bias.dtype != dtype and bias.dtype in _FLOATS:
+        bias = bias.float()
+    return weight, bias
+
+
+# ---- index conventions ----
+
+def _first(indices, B):
+    """vLLM's reading of an index argument: column 0 of a (batch, k) block table, the first B
+    entries of a longer array; anything else is passed on for the core to check."""
+    if isinstance(indices, torch.Tensor):
+        if indices.ndim == 2:
+            indices = indices[:, 0]
+        if indices.ndim == 1 and indices.numel() > B:
+            indices = indices[:B]
+    return indices
+
+
+def _pads(indices, pad_slot_id, null_block_id):
+    """One pad marker for the core: entries equal to null_block_id (when given and different)
+    become pad_slot_id."""
+    if (null_block_id is not None and null_block_id != pad_slot_id and isinstance(indices, torch.Tensor)
+            and not indices.is_floating_point() and indices.dtype != torch.bool):
+        indices = indices.masked_fill(indices == null_block_id, pad_slot_id)
+    return indices
+
+
+def _float_x(x, dtype):
+    """x in the state's dtype (vLLM computes on ``x.to(conv_state.dtype)``); dtypes the core
+    refuses are passed on unchanged for its message."""
+    if x.dtype != dtype and x.dtype in _FLOATS and dtype in _FLOATS:
+        return x.to(dtype)
+    return x
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None,
                          num_accepted_tokens=None, query_start_loc=None, max_query_len=-1,
-                         null_block_id=NULL_BLOCK_ID, block_idx_last_scheduled_token=None,
-                         initial_state_idx=None, validate_data=False, out=None, *, pad_slot_id=None):
+                         null_block_id=None, block_idx_last_scheduled_token=None,
+                         initial_state_idx=None, validate_data=False, out=None, *,
+                         pad_slot_id=PAD_SLOT_ID, is_weight_packed=False):
     """vLLM's ``causal_conv1d_update`` (decode and speculative decode), same arguments.
 
-    Args (vLLM's names, order and defaults):
+    Args (vLLM's names, order and defaults, with the conventions of vLLM's CPU binding):
         x: ``(batch, dim)`` one token per request, ``(batch, dim, seqlen)``, or varlen
-            ``(num_tokens, dim)`` with ``query_start_loc``.
+            ``(num_tokens, dim)`` with ``query_start_loc``. float32/float16/bfloat16; computed
+            in ``conv_state``'s dtype, as vLLM does.
         conv_state: ``(num_cache_lines, dim, state_len)``, updated in place; vLLM's "SD"
-            cache ``(S, L, D)`` passed as ``.transpose(-1, -2)`` is the fast layout.
-        weight: ``(dim, width)``; bias: ``(dim,)`` or None.
+            cache ``(S, L, D)`` passed as ``.transpose(-1, -2)`` is the fast layout, "DS"
+            storage runs in place too.
+        weight: ``(dim, width)``, ``2 <= width <= 8``; bias: ``(dim,)`` or None. In the state's
+            dtype or float32 (fp16/bf16 of the other kind are widened, exactly).
         activation: None, "silu", "swish", or a bool (True = silu).
         conv_state_indices: ``(batch,)`` slots, or ``(batch, k)`` of which column 0 is used
-            (vLLM's speculative block table without prefix caching). Required with
-            ``query_start_loc``.
-        num_accepted_tokens: ``(batch,)``; given = speculative mode.
+            (vLLM's speculative block table without prefix caching); longer than the batch:
+            the first ``batch`` entries. Required with ``query_start_loc``.
+        num_accepted_tokens: ``(batch,)``; given = speculative mode (the window starts at row
+            ``num_accepted_tokens - 1``; rows ``0..width-3`` keep the history, rows
+            ``width-2..`` the request's tokens, as vLLM's Triton kernel writes them).
         query_start_loc: ``(batch + 1,)`` offsets of each request's rows in a varlen ``x``.
         max_query_len: the longest request in a varlen call, or -1; refused when smaller
             than a request's length (vLLM's kernel would drop that request's tokens).
-        null_block_id: slot value of padded requests (vLLM: 0, "block 0 is the null block");
-            None: no request is padding.
+        null_block_id: when given, slots equal to it are padding too (vLLM's Triton binding
+            passes 0, "block 0 is the null block"); default None: slot 0 is live, as in
+            vLLM's CPU binding.
         block_idx_last_scheduled_token, initial_state_idx: prefix caching; must be None.
         validate_data: accepted; gdnconv always validates.
         out: tensor of ``x``'s shape and dtype; None: written into ``x``, as vLLM does.
-        pad_slot_id: the CPU variant's name for ``null_block_id``; when given it wins.
+        pad_slot_id: slots equal to it are skipped (default -1, vLLM's ``PAD_SLOT_ID``).
+        is_weight_packed: True when ``weight`` is in vLLM's packed layout (``unpack_weight``).
 
     Returns ``out`` (``x`` when not given), in ``x``'s shape and dtype.
 
-    Raises ValueError/TypeError naming the argument for anything gdnconv refuses;
-    nothing is written then.
+    Raises ValueError/TypeError naming the argument (with the caller's shapes) for anything
+    gdnconv refuses; nothing is written then.
     """
-    _refuse(block_idx_last_scheduled_token=block_idx_last_scheduled_token,
-            initial_state_idx=initial_state_idx)
-    if pad_slot_id is not None and null_block_id not in (None, NULL_BLOCK_ID, pad_slot_id):
-        raise ValueError(f"pad_slot_id = {pad_slot_id} and null_block_id = {null_block_id} disagree; "
-                         f"they name the same marker, pass one of them")
-    pad = pad_slot_id if pad_slot_id is not None else null_block_id
-    pad = _NO_PAD if pad is None else pad
+    if block_idx_last_scheduled_token is not None or initial_state_idx is not None:
+        _refuse(block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+                initial_state_idx=initial_state_idx)
     activation = _activation(activation)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch tensor, got {type(x).__name__}")
-    state = _state_view(conv_state, "conv_state")
-    if isinstance(conv_state_indices, torch.Tensor) and conv_state_indices.dim() == 2:
-        conv_state_indices = conv_state_indices[:, 0]
+    if not isinstance(conv_state, torch.Tensor) or conv_state.dim() != 3:
+        shape = tuple(conv_state.shape) if isinstance(conv_state, torch.Tensor) else type(conv_state).__name__
+        raise ValueError(f"conv_state must be a 3-D (num_cache_lines, dim, state_len) tensor, got {shape}")
     if isinstance(max_query_len, bool) or not isinstance(max_query_len, int):
         raise TypeError(f"max_query_len must be an int, got {max_query_len!r}")
     if query_start_loc is not None:
@@ -114,47 +238,45 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
             raise ValueError("conv_state_indices is required with query_start_loc (varlen x), as in vLLM")
         if x.dim() != 2:
             raise ValueError(f"x must be (num_tokens, dim) with query_start_loc, got shape {tuple(x.shape)}")
-        if max_query_len != -1 and query_start_loc.numel() > 1:
+        if max_query_len != -1 and isinstance(query_start_loc, torch.Tensor) and query_start_loc.numel() > 1:
             longest = int((query_start_loc[1:] - query_start_loc[:-1]).max())
             if longest > max_query_len:
                 raise ValueError(f"max_query_len = {max_query_len} is smaller than the longest request "
                                  f"({longest} tokens); pass the true maximum or -1")
-        xg = x                                   # (N, D)
-    elif x.dim() == 3:
-        xg = x.transpose(1, 2)                   # (B, D, T) -> (B, T, D) view
-    elif x.dim() == 2:
-        xg = x                                   # (B, D)
+        B = query_start_loc.shape[0] - 1 if isinstance(query_start_loc, torch.Tensor) else len(query_start_loc) - 1
+    elif x.dim() in (2, 3):
+        B = x.shape[0]
     else:
         raise ValueError(f"x must be (batch, dim), (batch, dim, seqlen) or (num_tokens, dim), "
                          f"got shape {tuple(x.shape)}")
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype):
+    dtype = conv_state.dtype
+    weight, bias = _weights(weight, bias, is_weight_packed, dtype)
+    indices = _pads(_first(conv_state_indices, B), pad_slot_id, null_block_id)
+    num_accepted_tokens = _first(num_accepted_tokens, B)
+    target = x if out is None else out           # the core checks out's shape and dtype
+    xc = _float_x(x, dtype)
+    if xc is not x and out is not None and (not isinstance(out, torch.Tensor) or out.shape != x.shape
+                                            or out.dtype != x.dtype):
         what = (tuple(out.shape), out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"out must be a tensor of x's shape {tuple(x.shape)} and dtype {x.dtype}, got {what}")
-    dtype = state.dtype
-    weight, bias = _widen(weight, dtype), _widen(bias, dtype)
-    kw = dict(activation=activation, num_accepted_tokens=num_accepted_tokens,
-              conv_state_indices=conv_state_indices, query_start_loc=query_start_loc, pad_slot_id=pad)
-    if x.dtype != dtype:                         # vLLM computes on x.to(conv_state.dtype)
-        if out is not None:
-            raise TypeError(f"out with x.dtype = {x.dtype} different from conv_state.dtype = {dtype} is not "
-                            f"supported; pass x in conv_state's dtype, or out=None")
-        xc = xg.to(dtype)
-        _g.conv_update_multi(xc, state, weight, bias, out=xc, **kw)
-        return (xc.transpose(1, 2) if xg is not x else xc).to(x.dtype)
-    target = xg if out is None else (out.transpose(1, 2) if xg is not x else out)
-    _g.conv_update_multi(xg, state, weight, bias, out=target, **kw)
-    return x if out is None else out
+    _core._conv_update_vllm(xc, conv_state, weight, bias, activation=activation,
+                            num_accepted_tokens=num_accepted_tokens, conv_state_indices=indices,
+                            query_start_loc=query_start_loc, pad_slot_id=pad_slot_id,
+                            out=target if xc is x else xc)
+    if xc is not x:                              # computed in the state's dtype, then written back
+        target.copy_(xc)
+    return target
 
 
 def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
                      has_initial_state=None, activation="silu", pad_slot_id=PAD_SLOT_ID,
-                     null_block_id=NULL_BLOCK_ID, block_idx_first_scheduled_token=None,
+                     null_block_id=None, block_idx_first_scheduled_token=None,
                      block_idx_last_scheduled_token=None, initial_state_idx=None,
                      num_computed_tokens=None, block_size_to_align=0, metadata=None,
-                     validate_data=False):
+                     validate_data=False, *, is_weight_packed=False):
     """vLLM's ``causal_conv1d_fn`` (prefill), same arguments, computed by ``gdnconv.conv_prefill``.
 
-    Args (vLLM's names, order and defaults):
+    Args (vLLM's names, order and defaults, with the conventions of vLLM's CPU binding):
         x: ``(dim, num_tokens)``, the requests' tokens end to end. vLLM passes the transpose
             of its ``(num_tokens, dim)`` hidden states (channel stride 1: gdnconv's fast
             layout); any strides work. Computed in ``conv_states``' dtype, as vLLM does.
@@ -164,18 +286,19 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
             layout); None: a convolution from zero history that writes no state.
         query_start_loc: ``(batch + 1,)`` offsets of each request's tokens (required).
         cache_indices: ``(batch,)`` slot per request (or ``(batch, k)``, of which column 0 is
-            used, as vLLM's kernel does without prefix caching); None: request ``i`` uses
-            slot ``i``.
+            used, as vLLM's kernel does without prefix caching; longer: the first ``batch``
+            entries); None: request ``i`` uses slot ``i``.
         has_initial_state: ``(batch,)`` bool: start from rows ``0..width-2`` of the slot; else
             from zero history (the slot is not read). None: no request has one.
         activation: None, "silu", "swish", or a bool (True = silu).
-        pad_slot_id: requests whose slot is this are skipped (vLLM's CPU variant).
-        null_block_id: requests whose slot is this are skipped too (vLLM's kernel: block 0 is
-            the null block); None: no such marker.
+        pad_slot_id: requests whose slot is this are skipped (default -1, vLLM's CPU binding).
+        null_block_id: when given, requests whose slot is this are skipped too (vLLM's Triton
+            binding: block 0 is the null block); default None: slot 0 is live.
         block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx,
         num_computed_tokens: prefix caching; must be None. block_size_to_align: must be 0.
         metadata: vLLM's precomputed launch sizes; not needed, ignored.
         validate_data: accepted; gdnconv always validates.
+        is_weight_packed: True when ``weight`` is in vLLM's packed layout (``unpack_weight``).
 
     Afterwards rows ``0..width-2`` of each live slot hold the last ``width - 1`` inputs of
     its request (history included), as vLLM leaves them; skipped requests read and write
@@ -198,15 +321,15 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     if query_start_loc is None:
         raise ValueError("query_start_loc is required: the (batch + 1,) offsets of the requests' tokens "
                          "in x, as in vLLM")
-    state = None if conv_states is None else _state_view(conv_states, "conv_states")
-    if isinstance(cache_indices, torch.Tensor) and cache_indices.dim() == 2:
-        cache_indices = cache_indices[:, 0]
-    if (null_block_id is not None and null_block_id != pad_slot_id and isinstance(cache_indices, torch.Tensor)
-            and not cache_indices.is_floating_point()):   # one marker for both (gdnconv checks the rest)
-        cache_indices = cache_indices.masked_fill(cache_indices == null_block_id, pad_slot_id)
-    dtype = x.dtype if state is None else state.dtype
-    weight, bias = _widen(weight, dtype), _widen(bias, dtype)
-    out = _g.conv_prefill(x.T.to(dtype), weight, bias, activation=_activation(activation),
-                          conv_state=state, query_start_loc=query_start_loc, cache_indices=cache_indices,
-                          has_initial_state=has_initial_state, pad_slot_id=pad_slot_id)
-    return out.T.to(x.dtype)
+    if conv_states is not None and (not isinstance(conv_states, torch.Tensor) or conv_states.dim() != 3):
+        shape = tuple(conv_states.shape) if isinstance(conv_states, torch.Tensor) else type(conv_states).__name__
+        raise ValueError(f"conv_states must be a 3-D (num_cache_lines, dim, state_len) tensor, got {shape}")
+    B = query_start_loc.shape[0] - 1 if isinstance(query_start_loc, torch.Tensor) else len(query_start_loc) - 1
+    dtype = x.dtype if conv_states is None else conv_states.dtype
+    weight, bias = _weights(weight, bias, is_weight_packed, dtype)
+    indices = _pads(_first(cache_indices, B), pad_slot_id, null_block_id)
+    out = _core._conv_prefill_vllm(_float_x(x, dtype), weight, bias, activation=_activation(activation),
+                                   conv_state=conv_states, query_start_loc=query_start_loc,
+                                   cache_indices=indices, has_initial_state=_first(has_initial_state, B),
+                                   pad_slot_id=pad_slot_id)
+    return out if out.dtype == x.dtype else out.to(x.dtype)

@@ -1,0 +1,319 @@
+"""vLLM general plugin: every conv call of vLLM 0.32's CPU backend computed by gdnconv.
+
+ref: vLLM's plugin system (a ``vllm.general_plugins`` entry point, called once in every process
+vLLM starts: API server, engine core, workers). ``pyproject.toml`` declares
+``gdnconv = "gdnconv.vllm_plugin:register"``, so ``pip install gdnconv`` in a vLLM environment is
+the whole set-up. ``GDNCONV_VLLM=0`` turns it off; ``VLLM_PLUGINS`` (vLLM's allow-list) too.
+
+Design:
+- One table, ``ROUTES``: per call site the module, the function, the parameters vLLM 0.32 gives
+  it, and gdnconv's drop-in for it (same arguments, same return, same conventions: each
+  drop-in passes the pad marker the function it replaces uses). ``register()`` checks the vLLM
+  version and every row's signature first and patches only when all match; on anything it
+  does not know it patches nothing and logs one line saying why. It never raises into vLLM.
+- A patched function is replaced in its module and wherever an imported vLLM module holds it
+  by name (``from ... import`` copies), so call sites bound before and after see gdnconv.
+- Each routed call counts in ``gdnconv.vllm.counters()``. A call gdnconv refuses (an argument
+  it does not take, e.g. prefix caching's block indices; nothing is written then) is handed to
+  vLLM's own function and counted as a fallback, logged once per site.
+- ``GDNCONV_VLLM_SHADOW=1``: each routed call also runs vLLM's own function on clones of its
+  tensors and compares: the conv state bit for bit, outputs and the recurrent state within a
+  bf16 tolerance; a mismatch raises (for tests, far slower).
+- What vLLM's CPU backend runs where (0.32): on AVX512-BF16 and aarch64-BF16 CPUs the GDN layer
+  calls ``_causal_conv1d_update_cpu`` / ``_causal_conv1d_fwd_cpu`` (C++ ops on packed weights);
+  elsewhere, and for the Mamba/Mamba2 mixers, ShortConv and the Kimi and OLMo GDN layers,
+  ``causal_conv1d_update_cpu`` / ``causal_conv1d_fn_cpu``; speculative decoding runs the conv
+  of ``_spec_forward`` (a per-request torch loop except for equal lengths on AMX / aarch64-BF16).
+"""
+import logging
+import os
+import sys
+from typing import NamedTuple
+
+__all__ = ["register", "ROUTES", "SUPPORTED_VLLM"]
+
+SUPPORTED_VLLM = ("0.32.",)     # version prefixes whose call sites the table describes
+_GDN = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
+_CPU_CONV = "vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d"
+
+
+_pending = []                   # the load line, while vLLM's logging is not configured yet
+
+
+def _log():
+    """vLLM's logger for this plugin (vLLM's handler and format), or a plain one without vLLM."""
+    try:
+        from vllm.logger import init_logger
+        return init_logger("vllm.gdnconv")
+    except Exception:
+        return logging.getLogger("vllm.gdnconv")
+
+
+def _announce(message=None):
+    """Log the load line now if vLLM's logging is configured (plugins load before the engine
+    configures it in the main process), else at this process's first routed call."""
+    if message is not None:
+        _pending[:] = [message]
+    log = _log()
+    if _pending and log.isEnabledFor(logging.INFO) and log.hasHandlers():
+        log.info(_pending.pop())
+_registered = []                # the (module, attribute, stock, wrapper) rows patched in this process
+
+
+class Route(NamedTuple):
+    site: str            # the counters' name
+    module: str
+    attribute: str
+    params: tuple        # the stock function's parameter names in vLLM 0.32
+    drop_in: str         # name of gdnconv's replacement in this module
+    compare: tuple       # shadow mode: (argument names compared bit for bit, compared within tolerance)
+
+
+ROUTES = (
+    Route("gdn.decode", _GDN, "_causal_conv1d_update_cpu",
+          ("x", "conv_states", "weight", "bias", "silu_activation", "conv_state_indices", "is_weight_packed",
+           "num_accepted_tokens"), "_update_op", (("conv_states",), ())),
+    Route("gdn.prefill", _GDN, "_causal_conv1d_fwd_cpu",
+          ("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices", "has_initial_state",
+           "silu_activation", "is_weight_packed"), "_prefill_op", (("conv_states",), ())),
+    Route("gdn.spec", _GDN, "_spec_forward",
+          ("layer", "attn_metadata_i", "mixed_qkv_spec", "b_spec", "a_spec", "conv_buf", "ssm_state", "width",
+           "state_len"), "_spec_forward", (("conv_buf",), ("ssm_state",))),
+    Route("conv.update", _CPU_CONV, "causal_conv1d_update_cpu",
+          ("x", "conv_state", "weight", "bias", "activation", "conv_state_indices", "query_start_loc",
+           "pad_slot_id", "kwargs"), "_update_cpu", (("conv_state",), ())),
+    Route("conv.prefill", _CPU_CONV, "causal_conv1d_fn_cpu",
+          ("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices", "has_initial_state",
+           "activation", "pad_slot_id", "kwargs"), "_fn_cpu", (("conv_states",), ())),
+)
+
+
+# ---- the drop-ins (vLLM's arguments in, vLLM's return out) ----
+
+def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indices, is_weight_packed,
+               num_accepted_tokens=None):
+    """gdn_attention._causal_conv1d_update_cpu: x (B, D) or (B, T, D) channels last, conv_states
+    (S, D, L) in either storage, pad -1; returns a new tensor like x."""
+    import gdnconv.vllm as gv
+    out = x.new_empty(x.shape)
+    if x.dim() == 3:         # vLLM's C++ op takes (B, T, D); gdnconv.vllm reads vLLM's (B, D, T)
+        gv.causal_conv1d_update(x.transpose(1, 2), conv_states, weight, bias, silu_activation, conv_state_indices,
+                                num_accepted_tokens, out=out.transpose(1, 2), is_weight_packed=is_weight_packed)
+    else:
+        gv.causal_conv1d_update(x, conv_states, weight, bias, silu_activation, conv_state_indices,
+                                num_accepted_tokens, out=out, is_weight_packed=is_weight_packed)
+    return out
+
+
+def _prefill_op(*, x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+                silu_activation, is_weight_packed):
+    """gdn_attention._causal_conv1d_fwd_cpu: x (D, N), conv_states (S, D, L), pad -1."""
+    import gdnconv.vllm as gv
+    return gv.causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+                               silu_activation, is_weight_packed=is_weight_packed)
+
+
+_UNTAKEN = ("block_idx_last_scheduled_token", "initial_state_idx", "block_idx_first_scheduled_token",
+            "num_computed_tokens")
+
+
+def _prefix_caching(kwargs):
+    for name in _UNTAKEN:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"{name} (prefix caching) is not taken by gdnconv yet")
+    if kwargs.get("block_size_to_align") not in (None, 0):
+        raise ValueError("block_size_to_align (prefix caching) is not taken by gdnconv yet")
+
+
+def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None,
+                query_start_loc=None, pad_slot_id=None, **kwargs):
+    """ops/cpu/causal_conv1d.causal_conv1d_update_cpu: its pad marker is pad_slot_id, else
+    kwargs' null_block_id, else 0 (vLLM's NULL_BLOCK_ID); returns a new tensor, a copy of x with
+    the live requests' rows computed (skipped rows keep x's values, as vLLM's op leaves them).
+    Speculative arguments the stock function drops (num_accepted_tokens, max_query_len) are
+    honoured as vLLM's Triton kernel defines them."""
+    import gdnconv.vllm as gv
+    _prefix_caching(kwargs)
+    pad = pad_slot_id
+    if pad is None:
+        pad = kwargs.get("null_block_id")
+        pad = gv.NULL_BLOCK_ID if pad is None else pad
+    return gv.causal_conv1d_update(x.clone(), conv_state, weight, bias, activation, conv_state_indices,
+                                   kwargs.get("num_accepted_tokens"), query_start_loc,
+                                   kwargs.get("max_query_len", -1), pad_slot_id=pad)
+
+
+def _fn_cpu(x, weight, bias, conv_states, query_start_loc, cache_indices=None, has_initial_state=None,
+            activation="silu", pad_slot_id=-1, **kwargs):
+    """ops/cpu/causal_conv1d.causal_conv1d_fn_cpu: pad_slot_id marks padding (slot 0 live)."""
+    import gdnconv.vllm as gv
+    _prefix_caching(kwargs)
+    return gv.causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+                               activation, pad_slot_id)
+
+
+def _spec_forward(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_state, width, state_len):
+    """gdn_attention._spec_forward with its conv as one varlen gdnconv call (query_start_loc,
+    num_accepted_tokens; the wide buffer rolled as vLLM's Triton kernel rolls it), then vLLM's own
+    recurrent kernel exactly as the stock function calls it."""
+    import torch
+
+    import gdnconv.vllm as gv
+    gdn = sys.modules[_GDN]
+    n = attn_metadata_i.num_spec_decodes
+    qsl = attn_metadata_i.spec_query_start_loc[:n + 1].to(torch.int32)
+    idx = attn_metadata_i.spec_state_indices_tensor[:n].to(torch.int32)
+    num_acc = attn_metadata_i.num_accepted_tokens[:n].to(torch.int32)
+    if mixed_qkv_spec.shape[0] != int(qsl[-1]):
+        raise ValueError(f"spec tokens {mixed_qkv_spec.shape[0]} != spec_query_start_loc[-1] = {int(qsl[-1])}")
+    conv_out = torch.empty_like(mixed_qkv_spec)
+    gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, gdn._unpacked_conv_weight(layer), layer.conv1d.bias,
+                            layer.activation == "silu", idx[:, 0].contiguous(), num_acc, qsl, out=conv_out)
+    query, key, value = layer.rearrange_mixed_qkv(conv_out)
+    return gdn.ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
+        A_log=layer.A_log, dt_bias=layer.dt_bias, q=query.squeeze(0), k=key.squeeze(0), v=value.squeeze(0),
+        a=a_spec, b=b_spec, initial_state_source=ssm_state, spec_state_indices=idx.contiguous(),
+        num_accepted_tokens=num_acc.contiguous(), cu_seqlens=qsl.contiguous(), use_qk_l2norm_in_kernel=True)
+
+
+# ---- routing ----
+
+def _params(fn):
+    import inspect
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _wrap(route, stock, drop_in, shadow):
+    import gdnconv.vllm as gv
+    counts = gv._counters.setdefault(route.site, {"routed": 0, "fallback": 0})
+    warned = []
+
+    def routed(*args, **kwargs):
+        if _pending:
+            _announce()
+        shadow_run = _shadow_stock(route, stock, args, kwargs) if shadow else None
+        try:
+            result = drop_in(*args, **kwargs)
+        except (ValueError, TypeError) as e:     # refused before anything was written
+            counts["fallback"] += 1
+            if not warned:
+                warned.append(1)
+                _log().warning("gdnconv: %s handed to vLLM's %s (%s)", route.site, route.attribute, e)
+            return stock(*args, **kwargs)
+        counts["routed"] += 1
+        if shadow_run is not None:
+            _shadow_check(route, shadow_run, args, kwargs, result)
+        return result
+
+    routed.__wrapped__ = stock
+    routed.__name__ = stock.__name__
+    routed.__doc__ = f"gdnconv's drop-in for vLLM's {route.attribute} (gdnconv.vllm_plugin.{route.drop_in})."
+    return routed
+
+
+def _clone(v):
+    import torch
+    return v.clone() if isinstance(v, torch.Tensor) else v
+
+
+def _bound(stock, args, kwargs):
+    import inspect
+    b = inspect.signature(stock).bind(*args, **kwargs)
+    return b.arguments
+
+
+def _shadow_stock(route, stock, args, kwargs):
+    """vLLM's own function run on clones of the call's tensors: (its result, its cloned arguments)."""
+    cargs = [_clone(a) for a in args]
+    ckw = {k: _clone(v) for k, v in kwargs.items()}
+    return stock(*cargs, **ckw), _bound(stock, cargs, ckw)
+
+
+def _shadow_check(route, shadow_run, args, kwargs, result):
+    import torch
+    stock_result, stock_args = shadow_run
+    ours = _bound(route_stock(route), args, kwargs)
+    exact, close = route.compare
+    for name in exact:
+        a, b = ours[name], stock_args[name]
+        if not torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)):
+            raise AssertionError(f"gdnconv shadow: {route.site}: {name} differs from vLLM's bit for bit")
+    for name, a, b in [(n, ours[n], stock_args[n]) for n in close] + [("result", result, stock_result)]:
+        a, b = a.float(), b.float()
+        scale = float(b.abs().max()) if b.numel() else 0.0
+        torch.testing.assert_close(a, b, rtol=2 ** -6, atol=2 ** -6 * max(scale, 1e-6),
+                                   msg=lambda m: f"gdnconv shadow: {route.site}: {name} differs from vLLM's: {m}")
+
+
+def route_stock(route):
+    """vLLM's own function for a route patched in this process."""
+    for row, stock in ((r, s) for r, _, s, _ in _registered):
+        if row is route:
+            return stock
+    raise KeyError(route.site)
+
+
+def _stand_down(why, level=logging.WARNING):
+    """One line saying why nothing is routed (a warning: vLLM's logging may not be configured
+    yet, and Python prints warnings anyway)."""
+    _log().log(level, "gdnconv: vLLM plugin stands down: %s", why)
+
+
+def register():
+    """vLLM's entry point: route vLLM 0.32's CPU conv calls through gdnconv, once per process.
+
+    Cheap and idempotent; never raises: anything unexpected (another vLLM version, a signature
+    that changed, not a CPU platform, GDNCONV_VLLM=0) leaves vLLM untouched, with one log line.
+    """
+    if _registered:
+        return
+    try:
+        if os.environ.get("GDNCONV_VLLM", "1").strip() == "0":
+            return _stand_down("GDNCONV_VLLM=0", logging.INFO)
+        import importlib
+
+        import vllm
+        version = getattr(vllm, "__version__", "?")
+        if not version.startswith(SUPPORTED_VLLM):
+            return _stand_down(f"vLLM {version} is not one it knows ({', '.join(v + 'x' for v in SUPPORTED_VLLM)})")
+        from vllm.platforms import current_platform
+        if not current_platform.is_cpu():
+            return _stand_down(f"not vLLM's CPU platform ({type(current_platform).__name__})")
+        plan = []
+        for route in ROUTES:
+            module = importlib.import_module(route.module)
+            stock = getattr(module, route.attribute, None)
+            if stock is None or _params(stock) != route.params:
+                return _stand_down(f"{route.module}.{route.attribute} is not vLLM 0.32's "
+                                   f"(parameters {None if stock is None else _params(stock)})")
+            plan.append((route, module, stock))
+        shadow = os.environ.get("GDNCONV_VLLM_SHADOW", "").strip() not in ("", "0")
+        this = sys.modules[__name__]
+        for route, module, stock in plan:
+            wrapper = _wrap(route, stock, getattr(this, route.drop_in), shadow)
+            for m in [m for name, m in list(sys.modules.items()) if name.startswith("vllm") and m is not None]:
+                for attr, value in list(vars(m).items()):
+                    if value is stock:
+                        setattr(m, attr, wrapper)
+            setattr(module, route.attribute, wrapper)
+            _registered.append((route, module, stock, wrapper))
+        import gdnconv
+        _announce(f"gdnconv {gdnconv.__version__} routes vLLM {version}'s CPU conv (isa {gdnconv.active_isa()}"
+                  f"{', shadow mode' if shadow else ''}): "
+                  + ", ".join(f"{r.attribute} ({r.site})" for r in ROUTES))
+    except Exception as e:          # never stop vLLM from starting
+        _unpatch()
+        _stand_down(f"{type(e).__name__}: {e}")
+
+
+def _unpatch():
+    """vLLM's own functions back wherever a wrapper of this process was put."""
+    for _, module, stock, wrapper in _registered:
+        for m in [m for name, m in list(sys.modules.items()) if name.startswith("vllm") and m is not None]:
+            for attr, value in list(vars(m).items()):
+                if value is wrapper:
+                    setattr(m, attr, stock)
+    _registered.clear()
