@@ -25,6 +25,7 @@ import types
 import torch
 
 import gdnconv.vllm
+import gdnconv.vllm_plugin
 
 HEAD_K, HEAD_V, W = 128, 128, 4
 
@@ -41,6 +42,10 @@ class Layer:
         with torch.no_grad():
             conv.weight.copy_(torch.randn(self.dim, 1, W, generator=g) / 2)
         self.conv1d = conv.to(torch.bfloat16)
+        if torch.cpu._is_avx512_bf16_supported():    # as vLLM packs it at load (layers/utils.py)
+            from vllm import _custom_ops as ops
+            self.conv1d._cpu_unpacked_conv_weight = self.conv1d.weight.data.view(self.dim, W).clone()
+            self.conv1d.weight.data = ops.causal_conv1d_weight_pack(self.conv1d._cpu_unpacked_conv_weight)
         self.activation = "silu"
         self.A_log = torch.randn(self.num_v_heads, generator=g).float()
         self.dt_bias = torch.randn(self.num_v_heads, generator=g).bfloat16()
@@ -66,26 +71,15 @@ def metadata(num_prefills, prompt_lens, num_decodes, slots):
 
 
 def run(swap, args, inputs):
-    """The prefill step and the decode steps; returns (outputs, layer, decode seconds per step,
-    decode calls that reached gdnconv, prefill calls that reached gdnconv)."""
+    """The prefill step and the decode steps, with gdnconv's vLLM plugin registered (swap) or
+    vLLM's stock conv; returns (outputs, layer, decode seconds per step, decode calls that
+    reached gdnconv, prefill calls that reached gdnconv)."""
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as ga
-    stock = (ga.causal_conv1d_update_cpu, ga.causal_conv1d_torch, ga._causal_conv1d_fwd_cpu)
-    calls, prefills = [0], [0]
-
-    def counted(*a, **k):
-        calls[0] += 1
-        return gdnconv.vllm.causal_conv1d_update(*a, **k)
-
-    def prefill(*a, **k):
-        prefills[0] += 1
-        return gdnconv.vllm.causal_conv1d_fn(*a, **k)
-
-    def prefill_native(*, weight, silu_activation, is_weight_packed, **k):
-        # vLLM's C++ op takes weights packed at load; this Layer keeps conv1d.weight unpacked
-        return prefill(weight=weight.reshape(weight.shape[0], -1), activation=silu_activation, **k)
     if swap:
-        ga.causal_conv1d_update_cpu, ga.causal_conv1d_torch, ga._causal_conv1d_fwd_cpu = (
-            counted, prefill, prefill_native)
+        gdnconv.vllm_plugin.register()
+    else:
+        gdnconv.vllm_plugin._unpatch()
+    gdnconv.vllm.reset_counters()
     try:
         layer = Layer(args.dim_heads, args.batch + 2, seed=0)
         slots = torch.arange(2, args.batch + 2, dtype=torch.int32)
@@ -100,9 +94,12 @@ def run(swap, args, inputs):
             if step:
                 times.append(time.perf_counter() - t0)
             outs.append(core)
-        return outs, layer, statistics.median(times), calls[0], prefills[0]
+        c = gdnconv.vllm.counters()
+        decode = sum(c.get(s, {}).get("routed", 0) for s in ("gdn.decode", "conv.update"))
+        prefill = sum(c.get(s, {}).get("routed", 0) for s in ("gdn.prefill", "conv.prefill"))
+        return outs, layer, statistics.median(times), decode, prefill
     finally:
-        ga.causal_conv1d_update_cpu, ga.causal_conv1d_torch, ga._causal_conv1d_fwd_cpu = stock
+        gdnconv.vllm_plugin._unpatch()
 
 
 def make_inputs(args, dim, num_v_heads):

@@ -56,6 +56,30 @@ def make_checkpoint(kind, path):
         save_file(sd, file, metadata={"format": "pt"})
 
 
+def _time_conv_sites():
+    """Wrap each conv site of gdnconv.vllm_plugin.ROUTES (gdnconv's or vLLM's own, whichever is
+    in place) with a timer, in this process; returns the list its seconds accumulate in."""
+    import gdnconv.vllm_plugin as vp
+    spent = [0.0]
+    for route in vp.ROUTES:
+        module = sys.modules.get(route.module)
+        fn = getattr(module, route.attribute, None)
+        if fn is None:
+            continue
+
+        def timed(*a, _fn=fn, **k):
+            t = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                spent[0] += time.perf_counter() - t
+        for m in [m for name, m in list(sys.modules.items()) if name.startswith("vllm") and m is not None]:
+            for attr, value in list(vars(m).items()):
+                if value is fn:
+                    setattr(m, attr, timed)
+    return spent
+
+
 def _worker_counters(worker):
     """Runs in each worker process (LLM.collective_rpc): gdnconv's counters and conv time there."""
     try:
@@ -76,7 +100,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not os.path.exists(os.path.join(args.checkpoint, "config.json")):
         make_checkpoint(args.kind, args.checkpoint)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.tp == 1:       # the engine in this process: its conv calls can be counted and timed here
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     kw = dict(model=args.checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256,
@@ -97,6 +122,7 @@ def main(argv=None):
     if rpc is not None:
         rpc(lambda worker: gv.reset_counters())
     gv.reset_counters()
+    spent = _time_conv_sites() if args.tp == 1 else [None]      # the model runs in this process
     t0 = time.perf_counter()
     outs = llm.generate(prompts, sp)
     seconds = time.perf_counter() - t0
@@ -104,6 +130,7 @@ def main(argv=None):
     local = gv.counters()
     print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs],
                       "tokens_per_s": args.prompts * args.tokens / seconds,
+                      "conv_share": None if spent[0] is None else spent[0] / seconds,
                       "workers": counters, "local": local}), flush=True)
     return 0
 

@@ -297,7 +297,7 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
         _vllm_tokens(&c.xv, c.vllm)
     new_out = out is None
     if new_out:
-        if c.vllm:   # (D, N) over (N, D) memory
+        if c.vllm and not _c_contiguous(&c.xv):   # (D, N) over (N, D) memory
             out = _torch.empty_strided((c.D, c.N), (1, c.D), dtype=x.dtype)
         else:
             out = _new_like(x, &c.xv)

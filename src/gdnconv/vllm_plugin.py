@@ -89,13 +89,21 @@ ROUTES = (
 
 
 # ---- the drop-ins (vLLM's arguments in, vLLM's return out) ----
+_gv = None                      # gdnconv.vllm, imported on first use (it imports torch)
+
+
+def _vllm_adapters():
+    global _gv
+    import gdnconv.vllm
+    _gv = gdnconv.vllm
+    return _gv
 
 def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indices, is_weight_packed,
                num_accepted_tokens=None):
     """gdn_attention._causal_conv1d_update_cpu: x (B, D) or (B, T, D) channels last, conv_states
     (S, D, L) in either storage, pad -1; returns a new tensor like x."""
-    import gdnconv.vllm as gv
-    out = x.new_empty(x.shape)
+    gv = _gv or _vllm_adapters()
+    out = gv.torch.empty_like(x)
     if x.dim() == 3:         # vLLM's C++ op takes (B, T, D); gdnconv.vllm reads vLLM's (B, D, T)
         gv.causal_conv1d_update(x.transpose(1, 2), conv_states, weight, bias, silu_activation, conv_state_indices,
                                 num_accepted_tokens, out=out.transpose(1, 2), is_weight_packed=is_weight_packed)
@@ -108,8 +116,7 @@ def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indi
 def _prefill_op(*, x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                 silu_activation, is_weight_packed):
     """gdn_attention._causal_conv1d_fwd_cpu: x (D, N), conv_states (S, D, L), pad -1."""
-    import gdnconv.vllm as gv
-    return gv.causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+    return (_gv or _vllm_adapters()).causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                                silu_activation, is_weight_packed=is_weight_packed)
 
 
@@ -132,7 +139,7 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
     the live requests' rows computed (skipped rows keep x's values, as vLLM's op leaves them).
     Speculative arguments the stock function drops (num_accepted_tokens, max_query_len) are
     honoured as vLLM's Triton kernel defines them."""
-    import gdnconv.vllm as gv
+    gv = _gv or _vllm_adapters()
     _prefix_caching(kwargs)
     pad = pad_slot_id
     if pad is None:
@@ -146,9 +153,8 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
 def _fn_cpu(x, weight, bias, conv_states, query_start_loc, cache_indices=None, has_initial_state=None,
             activation="silu", pad_slot_id=-1, **kwargs):
     """ops/cpu/causal_conv1d.causal_conv1d_fn_cpu: pad_slot_id marks padding (slot 0 live)."""
-    import gdnconv.vllm as gv
     _prefix_caching(kwargs)
-    return gv.causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
+    return (_gv or _vllm_adapters()).causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                                activation, pad_slot_id)
 
 
@@ -157,8 +163,7 @@ def _spec_forward(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_b
     num_accepted_tokens; the wide buffer rolled as vLLM's Triton kernel rolls it), then vLLM's own
     recurrent kernel exactly as the stock function calls it."""
     import torch
-
-    import gdnconv.vllm as gv
+    gv = _gv or _vllm_adapters()
     gdn = sys.modules[_GDN]
     n = attn_metadata_i.num_spec_decodes
     qsl = attn_metadata_i.spec_query_start_loc[:n + 1].to(torch.int32)
