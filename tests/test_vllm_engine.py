@@ -33,6 +33,28 @@ def run(checkpoints, kind, *, plugin=True, shadow=False, spec=0, tp=1, tokens=TO
     return result
 
 
+NEAR_TIE = 0.05     # logprob gap under which two greedy picks are a tie that rounding may flip
+
+
+def assert_same_greedy(a, b):
+    """Greedy tokens identical, up to the first position of a prompt where the two runs' top
+    candidates are a near tie (a one-ulp difference in a bf16 conv output can flip such a pick
+    of a random checkpoint, whose logits are close together); the tokens after a flip are a
+    different continuation and are not compared. At most one prompt may flip."""
+    flips = 0
+    for i, (ta, tb) in enumerate(zip(a["tokens"], b["tokens"], strict=True)):
+        for j, (x, y) in enumerate(zip(ta, tb, strict=True)):
+            if x == y:
+                continue
+            la, lb = a["logprobs"][i][j], b["logprobs"][i][j]
+            assert str(y) in la and str(x) in lb, f"prompt {i} position {j}: {x} vs {y}, not each other's candidates"
+            gap = max(abs(la[str(x)] - la[str(y)]), abs(lb[str(x)] - lb[str(y)]))
+            assert gap < NEAR_TIE, f"prompt {i} position {j}: {x} vs {y} with a logprob gap of {gap:.3f}"
+            flips += 1
+            break
+    assert flips <= 1, f"{flips} prompts flipped"
+
+
 def routed(result, *sites):
     """Every worker routed each site at least once, and nothing fell back."""
     assert result["workers"], "no worker answered"
@@ -44,7 +66,7 @@ def routed(result, *sites):
 
 def test_qwen3_next_tokens_identical_with_the_plugin(checkpoints):
     on, off = run(checkpoints, "qwen3_next"), run(checkpoints, "qwen3_next", plugin=False)
-    assert on["tokens"] == off["tokens"]
+    assert_same_greedy(on, off)
     assert len({t for seq in on["tokens"] for t in seq}) > 8, "a random checkpoint gives varied tokens"
     routed(on, "gdn.decode", "gdn.prefill")
     assert off["workers"] == [{}] or all(not c for c in off["workers"]), "GDNCONV_VLLM=0 routes nothing"
@@ -52,10 +74,10 @@ def test_qwen3_next_tokens_identical_with_the_plugin(checkpoints):
 
 def test_qwen3_next_mtp_speculative_decoding(checkpoints):
     on, off = run(checkpoints, "qwen3_next", spec=2), run(checkpoints, "qwen3_next", spec=2, plugin=False)
-    assert on["tokens"] == off["tokens"]
+    assert_same_greedy(on, off)
     routed(on, "gdn.spec", "gdn.prefill")
     plain = run(checkpoints, "qwen3_next")
-    assert on["tokens"] == plain["tokens"], "greedy speculative decoding gives the greedy tokens"
+    assert_same_greedy(on, plain)          # greedy speculative decoding gives the greedy tokens
 
 
 def test_shadow_mode_agrees_with_vllms_stock_conv(checkpoints):
@@ -67,7 +89,7 @@ def test_shadow_mode_agrees_with_vllms_stock_conv(checkpoints):
 
 def test_mamba2_tokens_identical_with_the_plugin(checkpoints):
     on, off = run(checkpoints, "mamba2"), run(checkpoints, "mamba2", plugin=False)
-    assert on["tokens"] == off["tokens"]
+    assert_same_greedy(on, off)
     routed(on, "conv.update", "conv.prefill")
 
 
@@ -76,4 +98,4 @@ def test_tensor_parallel_workers_each_route_their_shard(checkpoints):
     two = run(checkpoints, "qwen3_next", tp=2)
     assert len(two["workers"]) == 2
     routed(two, "gdn.decode", "gdn.prefill")
-    assert two["tokens"] == one["tokens"]
+    assert_same_greedy(two, one)

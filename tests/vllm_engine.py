@@ -18,6 +18,7 @@ import sys
 import time
 
 KINDS = ("qwen3_next", "mamba2")
+LOGPROBS = 4         # top logprobs kept per position, to tell a near tie from a real difference
 
 
 def make_checkpoint(kind, path):
@@ -102,6 +103,11 @@ def main(argv=None):
         make_checkpoint(args.kind, args.checkpoint)
     if args.tp == 1:       # the engine in this process: its conv calls can be counted and timed here
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    else:                  # one NUMA node: vLLM asks for each worker's CPUs ("0|1" on two cores)
+        cpus = sorted(os.sched_getaffinity(0))
+        step = max(1, len(cpus) // args.tp)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
+            ",".join(str(c) for c in cpus[i * step:(i + 1) * step]) for i in range(args.tp)))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     kw = dict(model=args.checkpoint, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=256,
@@ -115,7 +121,8 @@ def main(argv=None):
     llm = LLM(**kw)
     prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 3 * j) % 500 + 1 for j in range(5 + 3 * i)])
                for i in range(args.prompts)]
-    sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True, detokenize=False)
+    sp = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True, detokenize=False,
+                        logprobs=LOGPROBS)
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2, detokenize=False))   # warm-up
     rpc = getattr(llm, "collective_rpc", None)
     import gdnconv.vllm as gv
@@ -128,7 +135,8 @@ def main(argv=None):
     seconds = time.perf_counter() - t0
     counters = rpc(_worker_counters) if rpc is not None else []
     local = gv.counters()
-    print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs],
+    logprobs = [[{str(t): lp.logprob for t, lp in pos.items()} for pos in o.outputs[0].logprobs] for o in outs]
+    print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs], "logprobs": logprobs,
                       "tokens_per_s": args.prompts * args.tokens / seconds,
                       "conv_share": None if spent[0] is None else spent[0] / seconds,
                       "workers": counters, "local": local}), flush=True)

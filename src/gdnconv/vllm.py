@@ -309,10 +309,12 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     Raises ValueError/TypeError naming the argument for anything gdnconv refuses (the
     errors of ``gdnconv.conv_prefill``, the prefix-caching arguments); nothing is written then.
     """
-    _refuse(block_idx_first_scheduled_token=block_idx_first_scheduled_token,
-            block_idx_last_scheduled_token=block_idx_last_scheduled_token,
-            initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens)
-    if block_size_to_align not in (0, None):
+    if (block_idx_first_scheduled_token is not None or block_idx_last_scheduled_token is not None
+            or initial_state_idx is not None or num_computed_tokens is not None):
+        _refuse(block_idx_first_scheduled_token=block_idx_first_scheduled_token,
+                block_idx_last_scheduled_token=block_idx_last_scheduled_token,
+                initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens)
+    if block_size_to_align:
         raise ValueError(f"block_size_to_align = {block_size_to_align!r} (prefix caching) is not "
                          f"supported by gdnconv; pass 0")
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
