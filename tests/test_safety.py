@@ -160,6 +160,140 @@ def test_tensor_given_new_memory_while_the_call_runs():
     _ok(run_python(TENSOR_HOOKS, **UNMAP_FREED))
 
 
+SHRINKING_HOOKS = """
+import numpy as np, torch, gdnconv, gdnconv.torch as gt
+from torch.overrides import TorchFunctionMode
+D = 4096
+def raw(t):      # the bytes of a tensor as they are now
+    return bytes(t.detach().contiguous().view(-1).view(torch.uint8).numpy())
+class Fire:      # on the first call of torch function `func`, shrink the victim's storage
+    func = victim = None
+    @classmethod
+    def check(cls, func):
+        if cls.func is not None and getattr(func, "__name__", None) == cls.func:
+            cls.func, victim, cls.victim = None, cls.victim, None
+            victim.untyped_storage().resize_(2)   # (smaller than any argument)
+class Hooked(torch.Tensor):   # a subclass's __torch_function__
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        Fire.check(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+class Mode(TorchFunctionMode):  # a mode's: sees every torch function on every tensor
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        Fire.check(func)
+        return func(*args, **(kwargs or {}))
+def args(op, new_out, strided_x):
+    a = dict(x=torch.ones(2, 1, D) if op == "update" else torch.ones(1, 64, D),
+             conv_state=torch.full((64, 3, D), 0.5), weight=torch.ones(D, 4), bias=torch.ones(D),
+             indices=torch.tensor([62, 63] if op == "update" else [63], dtype=torch.int32))
+    if strided_x:
+        a["x"] = torch.ones(2, 1, 2 * D)[..., ::2]
+    a["out"] = None if new_out else torch.full(a["x"].shape, 7.0)
+    return a
+def call(op, via, a):
+    if op == "update":
+        f = gt.conv_update_multi if via == "op" else gdnconv.conv_update_multi
+        return f(a["x"], a["conv_state"], a["weight"], a["bias"], conv_state_indices=a["indices"], out=a["out"])
+    f = gt.conv_prefill if via == "op" else gdnconv.conv_prefill
+    return f(a["x"], a["weight"], a["bias"], conv_state=a["conv_state"], cache_indices=a["indices"], out=a["out"])
+fired = refused = 0
+for op in ("update", "prefill"):
+    for via in ("gdnconv", "op"):
+        for func in ("is_neg", "untyped_storage", "__get__", "empty_like", "clone", "contiguous"):
+            for hooked in ("x", "conv_state", "weight", "bias", "mode"):
+                for victim in ("x", "conv_state", "weight", "bias", "indices", "out"):
+                    if victim == hooked:
+                        continue
+                    if (func == "clone" and op != "prefill") or (func == "contiguous" and op != "update"):
+                        continue   # (the op makes no such copy)
+                    if func in ("clone", "contiguous") and victim == "x":
+                        continue   # (torch's own copy would read the freed memory)
+                    new_out = func == "empty_like" or func == "contiguous"
+                    a = args(op, new_out, func == "contiguous")
+                    if func == "clone":        # conv_prefill clones x when out is x
+                        a["out"] = a["x"]
+                    if a[victim] is None or (victim == "out" and a["out"] is a["x"]):
+                        continue
+                    before = {k: raw(t) for k, t in a.items() if t is not None and k != victim}
+                    if hooked != "mode":
+                        a[hooked] = a[hooked].as_subclass(Hooked)
+                    Fire.func, Fire.victim = func, a[victim]
+                    try:
+                        if hooked == "mode":
+                            with Mode():
+                                call(op, via, a)
+                        else:
+                            call(op, via, a)
+                    except ValueError as e:
+                        assert Fire.func is None, (op, via, func, hooked, victim, "refused before the hook", str(e))
+                        name = "cache_indices" if op == "prefill" else "conv_state_indices"
+                        assert str(e).startswith((victim if victim != "indices" else name) + " lies outside its storage"), \\
+                            (op, via, func, hooked, victim, str(e))
+                        after = {k: raw(a[k]) for k in before}
+                        assert after == before, (op, via, func, hooked, victim, "a refused call wrote")
+                        refused += 1
+                    else:
+                        assert Fire.func is not None, f"{op} {via}: {func} of {hooked} shrank {victim}: accepted"
+                    fired += Fire.func is None
+                    Fire.func = None
+print(fired, refused, "OK")
+"""
+
+
+def test_torch_hook_that_shrinks_a_storage_is_refused():
+    """Issue 24, fault 1: torch code that a subclass's or a mode's __torch_function__
+    runs after the call took pointers (is_neg and untyped_storage in a view, the
+    requires_grad getter, empty_like for a new out, clone or contiguous for a copy of
+    x) shrinks another argument's storage: the call refuses, naming that argument,
+    and writes nothing, instead of the kernel using freed memory (a segfault before)."""
+    pytest.importorskip("torch")
+    r = run_python(SHRINKING_HOOKS, timeout=600, **UNMAP_FREED)
+    _ok(r)
+    fired, refused = map(int, r.stdout.split()[-3:-1])
+    assert fired == refused and fired >= 100, r.stdout
+
+
+SHRUNK_BEFORE = """
+import torch, gdnconv
+D = 4096
+def raw(t):
+    return bytes(t.detach().view(-1).view(torch.uint8).numpy())
+n = 0
+for op in ("update", "prefill"):
+    for victim in ("x", "conv_state", "weight", "bias", "indices", "out", "query_start_loc"):
+        a = dict(x=torch.ones(3, D), conv_state=torch.full((64, 3, D), 0.5), weight=torch.ones(D, 4),
+                 bias=torch.ones(D), indices=torch.tensor([61, 62, 63], dtype=torch.int32),
+                 out=torch.full((3, D), 7.0), query_start_loc=torch.tensor([0, 1, 2, 3], dtype=torch.int32))
+        before = {k: raw(t) for k, t in a.items() if k != victim}
+        a[victim].untyped_storage().resize_(8)
+        name = {"indices": "cache_indices" if op == "prefill" else "conv_state_indices"}.get(victim, victim)
+        try:
+            if op == "update":
+                gdnconv.conv_update_multi(a["x"], a["conv_state"], a["weight"], a["bias"], out=a["out"],
+                                          conv_state_indices=a["indices"], query_start_loc=a["query_start_loc"])
+            else:
+                gdnconv.conv_prefill(a["x"], a["weight"], a["bias"], conv_state=a["conv_state"], out=a["out"],
+                                     cache_indices=a["indices"], query_start_loc=a["query_start_loc"])
+        except ValueError as e:
+            assert str(e).startswith(name + " lies outside its storage: its elements span bytes 0.."), (op, str(e))
+            assert "of a storage of 8 bytes" in str(e), str(e)
+        else:
+            raise AssertionError(f"{op}: {victim} past its storage accepted")
+        assert {k: raw(a[k]) for k in before} == before, (op, victim, "a refused call wrote")
+        n += 1
+print(n, "OK")
+"""
+
+
+def test_view_past_its_storage_is_refused():
+    """Issue 24, fault 2: a tensor whose storage was shrunk (untyped_storage().resize_())
+    no longer holds its view; torch refuses such a tensor, and so does each op, naming
+    the argument (a shrunk conv_state is not reported as an overlap), with every
+    buffer unchanged (before: reads past the storage, and an 'x overlaps conv_state')."""
+    pytest.importorskip("torch")
+    _ok(run_python(SHRUNK_BEFORE, **UNMAP_FREED), "14 OK")
+
+
 # --------------------------------------------------------------------- fork
 
 FORK_CHILD = """

@@ -40,7 +40,8 @@ import sys
 import numpy as np
 
 cimport numpy as cnp
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from cpython.pycapsule cimport PyCapsule_GetContext, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetContext
+from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 from libc.string cimport memset
 

@@ -29,7 +29,7 @@ cdef object _flag_source(object a, str name):
         if a.dtype.is_floating_point or a.dtype.is_complex:
             raise TypeError(f"{name} must be a bool or integer array, got dtype {_dtype_name(a)}")
         a = a.numpy(force=True)
-    a = np.asarray(a)
+    a = _sequence_array(a, np.bool_)
     if a.dtype.kind not in "biu":
         raise TypeError(f"{name} must be a bool or integer array, got dtype {a.dtype}")
     if a.ndim != 1:
@@ -39,7 +39,8 @@ cdef object _flag_source(object a, str name):
 
 cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, query_start_loc,
                         cache_indices, has_initial_state, pad_slot_id, out) except -1:
-    """Every check of the prefill that needs no index value; nothing is written. All
+    """Every check of the prefill that needs no index value, but the storage checks
+    (_prefill_storage, once the call runs no more user code); nothing is written. All
     arguments must come from _input_array / _index_source / _flag_source."""
     cdef int64_t B, T = 0, N = 0, D, W, L = 0, S = 0
     c.silu = _silu_flag(activation)
@@ -139,6 +140,19 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
 
     c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
     c.varlen = query_start_loc is not None
+    return 0
+
+
+cdef int _prefill_storage(_Prefill c) except -1:
+    """Every tensor view within its storage (absent arguments have empty views); run
+    after the last step of the call that can run user code (x's copy, the new out)."""
+    _in_storage(&c.xv, "x")
+    _in_storage(&c.sv, "conv_state")
+    _in_storage(&c.wv, "weight")
+    _in_storage(&c.bv, "bias")
+    _in_storage(&c.ov, "out")
+    _in_storage(&c.iv, "cache_indices")
+    _in_storage(&c.qv, "query_start_loc")
     return 0
 
 
@@ -265,11 +279,12 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
     if c.out_is_x:
         # a time chunk reads its window from x rows that earlier outputs would overwrite
         x = x.clone() if c.xv.torch else np.array(x, order="C")
-        c.keep.append(_view(x, &c.xv, "x"))
+        c.keep.append(_made(x, &c.xv, &c.xv, "x"))
     new_out = out is None
     if new_out:
         out = _new_like(x, &c.xv)
-        c.keep.append(_view(out, &c.ov, "out"))
+        c.keep.append(_made(out, &c.ov, &c.xv, "out"))
+    _prefill_storage(c)   # no user code runs from here on
     _prefill_params(c, bias is not None, cache_indices is not None, new_out)
     with nogil:
         rc = gdn_prefill_run(&c.p, nthreads)
@@ -296,6 +311,7 @@ def prefill_bytes_moved(x, weight, *, conv_state=None, query_start_loc=None, cac
     has_initial_state = _flag_source(has_initial_state, "has_initial_state")
     _check_prefill(c, x, weight, None, None, conv_state, query_start_loc, cache_indices, has_initial_state,
                    pad_slot_id, None)
+    _prefill_storage(c)
     c.ov = c.xv
     _prefill_params(c, False, cache_indices is not None, False)
     return gdn_prefill_bytes(&c.p)

@@ -17,8 +17,10 @@ cdef class _Update:
 
 cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_accepted_tokens,
                        conv_state_indices, query_start_loc, pad_slot_id, out) except -1:
-    """Every check of the update that needs no index value; nothing is written. All
-    arguments must come from _input_array / _index_source (no user code runs here)."""
+    """Every check of the update that needs no index value, but the storage checks
+    (_update_storage, once the call runs no more user code); nothing is written. All
+    arguments must come from _input_array / _index_source (only torch overrides run
+    user code here)."""
     cdef int64_t B, T = 1, N = 0, D, W, L, S
     c.silu = _silu_flag(activation)
     c.pad_slot_id = _pad_slot(pad_slot_id)
@@ -104,6 +106,20 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
 
     c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
     c.varlen = query_start_loc is not None
+    return 0
+
+
+cdef int _update_storage(_Update c) except -1:
+    """Every tensor view within its storage (absent arguments have empty views); run
+    after the last step of the call that can run user code (x's copy, the new out)."""
+    _in_storage(&c.xv, "x")
+    _in_storage(&c.sv, "conv_state")
+    _in_storage(&c.wv, "weight")
+    _in_storage(&c.bv, "bias")
+    _in_storage(&c.ov, "out")
+    _in_storage(&c.iv, "conv_state_indices")
+    _in_storage(&c.nv, "num_accepted_tokens")
+    _in_storage(&c.qv, "query_start_loc")
     return 0
 
 
@@ -237,11 +253,12 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
     if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
         # channels not contiguous: a contiguous copy of x (never of out or conv_state)
         x = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
-        c.keep.append(_view(x, &c.xv, "x"))
+        c.keep.append(_made(x, &c.xv, &c.xv, "x"))
     new_out = out is None
     if new_out:
         out = _new_like(x, &c.xv)
-        c.keep.append(_view(out, &c.ov, "out"))
+        c.keep.append(_made(out, &c.ov, &c.xv, "out"))
+    _update_storage(c)   # no user code runs from here on
     _update_params(c, bias is not None, conv_state_indices is not None, num_accepted_tokens is not None,
                    new_out)
     with nogil:
@@ -287,6 +304,7 @@ def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_i
     query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
     _check_update(c, x, conv_state, weight, None, None, num_accepted_tokens, conv_state_indices,
                   query_start_loc, pad_slot_id, None)
+    _update_storage(c)
     c.ov = c.xv
     _update_params(c, False, conv_state_indices is not None, num_accepted_tokens is not None, False)
     return gdn_update_bytes(&c.p)
