@@ -187,20 +187,22 @@ def args(op, new_out, strided_x):
              conv_state=torch.full((64, 3, D), 0.5), weight=torch.ones(D, 4), bias=torch.ones(D),
              indices=torch.tensor([62, 63] if op == "update" else [63], dtype=torch.int32))
     if strided_x:
-        a["x"] = torch.ones(2, 1, 2 * D)[..., ::2]
+        a["x"] = torch.ones(*a["x"].shape[:2], 2 * D)[..., ::2]
     a["out"] = None if new_out else torch.full(a["x"].shape, 7.0)
+    a["flags"] = None if op == "update" else torch.tensor([True])
     return a
 def call(op, via, a):
     if op == "update":
         f = gt.conv_update_multi if via == "op" else gdnconv.conv_update_multi
         return f(a["x"], a["conv_state"], a["weight"], a["bias"], conv_state_indices=a["indices"], out=a["out"])
     f = gt.conv_prefill if via == "op" else gdnconv.conv_prefill
-    return f(a["x"], a["weight"], a["bias"], conv_state=a["conv_state"], cache_indices=a["indices"], out=a["out"])
+    return f(a["x"], a["weight"], a["bias"], conv_state=a["conv_state"], cache_indices=a["indices"],
+             has_initial_state=a["flags"], out=a["out"])
 fired = refused = 0
 for op in ("update", "prefill"):
     for via in ("gdnconv", "op"):
-        for func in ("is_neg", "untyped_storage", "__get__", "empty_like", "clone", "contiguous"):
-            for hooked in ("x", "conv_state", "weight", "bias", "mode"):
+        for func in ("is_neg", "untyped_storage", "__get__", "numpy", "empty_like", "empty", "clone", "contiguous"):
+            for hooked in ("x", "conv_state", "weight", "bias", "flags", "mode"):
                 for victim in ("x", "conv_state", "weight", "bias", "indices", "out"):
                     if victim == hooked:
                         continue
@@ -208,11 +210,13 @@ for op in ("update", "prefill"):
                         continue   # (the op makes no such copy)
                     if func in ("clone", "contiguous") and victim == "x":
                         continue   # (torch's own copy would read the freed memory)
-                    new_out = func == "empty_like" or func == "contiguous"
-                    a = args(op, new_out, func == "contiguous")
+                    new_out = func in ("empty_like", "empty", "contiguous")
+                    a = args(op, new_out, func in ("empty", "contiguous"))   # (a new out for a strided x: empty)
+                    if a[hooked if hooked != "mode" else "x"] is None:
+                        continue
                     if func == "clone":        # conv_prefill clones x when out is x
                         a["out"] = a["x"]
-                    if a[victim] is None or (victim == "out" and a["out"] is a["x"]):
+                    if a[victim] is None or victim == "flags" or (victim == "out" and a["out"] is a["x"]):
                         continue
                     before = {k: raw(t) for k, t in a.items() if t is not None and k != victim}
                     if hooked != "mode":
@@ -243,8 +247,8 @@ print(fired, refused, "OK")
 def test_torch_hook_that_shrinks_a_storage_is_refused():
     """Issue 24, fault 1: torch code that a subclass's or a mode's __torch_function__
     runs after the call took pointers (is_neg and untyped_storage in a view, the
-    requires_grad getter, empty_like for a new out, clone or contiguous for a copy of
-    x) shrinks another argument's storage: the call refuses, naming that argument,
+    requires_grad getter, numpy for has_initial_state, empty_like or empty for a new
+    out, clone or contiguous for a copy of x) shrinks another argument's storage: the call refuses, naming that argument,
     and writes nothing, instead of the kernel using freed memory (a segfault before)."""
     pytest.importorskip("torch")
     r = run_python(SHRINKING_HOOKS, timeout=600, **UNMAP_FREED)

@@ -274,8 +274,9 @@ cdef object _storage(object a):
     """What keeps a tensor's memory alive while the call runs, taken before its pointer:
     its storage. A DLPack capsule would not: it shares the tensor's TensorImpl, so a
     ``.set_()`` in code that runs later in the call (a subclass's or mode's
-    ``__torch_function__``) frees the memory under it. (A detached alias where the
-    storage cannot be had, as for tensors without memory, refused later.)"""
+    ``__torch_function__``) frees the memory under it; it does not stop a
+    ``resize_()`` of the storage, which _in_storage catches. (A detached alias where
+    the storage cannot be had, as for tensors without memory, refused by _view.)"""
     try:
         return a.untyped_storage()
     except Exception:

@@ -236,7 +236,7 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
             in a new ``out`` and untouched in a given one. Live slots must differ.
         has_initial_state: ``(B,)`` bool (or integer, nonzero = true); None: no
             request has one.
-        pad_slot_id: slot value that marks padding (default -1).
+        pad_slot_id: slot value that marks padding (default -1), within int32.
         out: optional array of ``x``'s shape and dtype, any strides; may be ``x``
             itself (``x`` is then read from a temporary copy).
         num_threads: threads for this call, used as asked. Default:
@@ -251,8 +251,9 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
 
     Raises:
         TypeError: an argument is not an array/tensor (``x`` and the index arguments
-            may be sequences NumPy converts), dtypes unsupported or mixed, index
-            arrays not integer (``has_initial_state``: not bool or integer).
+            may be sequences NumPy converts; an empty list is an empty index
+            array), dtypes unsupported or mixed, index arrays not integer
+            (``has_initial_state``: not bool or integer).
         ValueError: wrong rank or shape, ``D``/``W`` mismatch, width outside 2..8,
             ``state_len < W - 1``, a 2-D ``x`` without ``query_start_loc``, bad
             ``query_start_loc``, slot out of range or used twice, ``cache_indices``
@@ -260,7 +261,11 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
             self-overlapping ``conv_state``/``out``, ``out`` overlapping
             ``conv_state`` (or ``x`` without being ``x``), ``x``, ``weight``,
             ``bias`` or an index array overlapping ``conv_state`` or ``out``,
-            non-CPU tensors.
+            non-CPU tensors, a tensor whose view lies outside its storage (a
+            storage shrunk with ``untyped_storage().resize_()``, before the call or
+            by a ``__torch_function__`` override during it), an inference tensor
+            ``conv_state``/``out`` outside ``torch.inference_mode()``, ``pad_slot_id``
+            outside the int32 range.
         MemoryError: no memory for the weight conversion.
         Nothing is written when an exception is raised.
     """

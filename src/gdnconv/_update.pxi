@@ -213,7 +213,7 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             A request whose slot equals ``pad_slot_id`` is skipped entirely.
         query_start_loc: ``(B + 1,)`` integer offsets of each request's rows in a 2-D
             ``x`` (starts at 0, non-decreasing, ends at ``N``); ``T_i`` may be 0.
-        pad_slot_id: slot value that marks padding (default -1).
+        pad_slot_id: slot value that marks padding (default -1), within int32.
         out: optional array of ``x``'s shape and dtype to write into; may be ``x``
             itself. Rows of skipped requests are left as they were (zeros in a newly
             allocated output).
@@ -228,15 +228,21 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
     Raises:
         TypeError: ``conv_state``, ``weight``, ``bias`` or ``out`` is not an
             array/tensor (``x`` and the index arguments may be sequences NumPy
-            converts), dtypes are unsupported or mixed (``bias`` must have
-            ``weight``'s dtype), or an index array is not of an integer dtype.
+            converts; an empty list is an empty index array), dtypes are
+            unsupported or mixed (``bias`` must have ``weight``'s dtype), or an
+            index array is not of an integer dtype.
         ValueError: wrong rank or shape, ``D``/``W`` mismatch, width outside 2..8,
             ``state_len`` too small, slot out of range or used twice, a written
             array that overlaps itself or has non-native byte order,
             ``num_accepted_tokens`` out of range, bad ``query_start_loc``, read-only
             ``conv_state``/``out``, ``out`` overlapping ``conv_state`` (or ``x``
             without being ``x``), ``x``, ``weight``, ``bias`` or an index array
-            overlapping ``conv_state`` or ``out``, non-CPU tensors.
+            overlapping ``conv_state`` or ``out``, non-CPU tensors, a tensor whose
+            view lies outside its storage (a storage shrunk with
+            ``untyped_storage().resize_()``, before the call or by a
+            ``__torch_function__`` override during it), an inference tensor
+            ``conv_state``/``out`` outside ``torch.inference_mode()``, ``pad_slot_id``
+            outside the int32 range.
         Nothing is written when an exception is raised.
     """
     cdef _Update c = _Update()
