@@ -298,6 +298,47 @@ def test_view_past_its_storage_is_refused():
     _ok(run_python(SHRUNK_BEFORE, **UNMAP_FREED), "14 OK")
 
 
+WRONG_COPY = """
+import torch, gdnconv
+D = 4096
+class Liar(torch.Tensor):   # its empty_like / clone / contiguous return a tensor of another shape or dtype
+    give = None
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in ("empty_like", "clone", "contiguous") and cls.give is not None:
+            return cls.give
+        return super().__torch_function__(func, types, args, kwargs or {})
+n = 0
+for op in ("update", "prefill"):
+    for give in (torch.empty(1), torch.empty(2, 1, D, dtype=torch.float16), torch.empty(2, 2, D)):
+        for copy in ("new out", "x copy"):
+            x = torch.ones(2, 1, 2 * D)[..., ::2] if copy == "x copy" and op == "update" else torch.ones(2, 1, D)
+            st = torch.full((4, 3, D), 0.5); before = st.clone()
+            out = x if copy == "x copy" and op == "prefill" else None   # (prefill copies x when out is x)
+            Liar.give = give
+            try:
+                if op == "update":
+                    gdnconv.conv_update_multi(x.as_subclass(Liar), st, torch.ones(D, 4), out=out)
+                else:
+                    gdnconv.conv_prefill(x.as_subclass(Liar), torch.ones(D, 4), conv_state=st, out=out)
+            except TypeError as e:
+                assert " the call made (torch.empty_like, .clone() or .contiguous() of x) has shape " in str(e), str(e)
+                assert torch.equal(st, before), "a refused call wrote"
+                n += 1
+            else:
+                raise AssertionError(f"{op} {copy}: a {tuple(give.shape)} {give.dtype} accepted")
+print(n, "OK")
+"""
+
+
+def test_copy_of_the_wrong_shape_from_an_override_is_refused():
+    """A __torch_function__ override of empty_like, clone or contiguous may return any
+    tensor: a new out or copy of x that does not have x's shape and dtype is refused
+    (the kernel would write or read it with x's shape)."""
+    pytest.importorskip("torch")
+    _ok(run_python(WRONG_COPY, **UNMAP_FREED), "12 OK")
+
+
 # --------------------------------------------------------------------- fork
 
 FORK_CHILD = """
