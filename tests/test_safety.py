@@ -1,7 +1,9 @@
-"""Faults found by sanitizers and fuzzing (issue 11), each as the class it belongs to:
-buffers freed under a running kernel (at interpreter exit, or by user code that an
-argument's conversion runs), forked children that hang in OpenMP, unbounded overlap
-checks, thread defaults under OMP_PROC_BIND, and the build's OpenMP probe.
+"""Faults found by sanitizers and fuzzing (issues 11 and 24), each as the class it
+belongs to: buffers freed under a running kernel (at interpreter exit, by user code
+that an argument's conversion runs, or by torch code a __torch_function__ override
+runs during the call), views past their storage, forked children that hang in
+OpenMP, unbounded overlap checks, thread defaults under OMP_PROC_BIND, and the
+build's OpenMP probe.
 
 Crashes and hangs run in a fresh interpreter (``run_python``), hangs with a deadline.
 MALLOC_MMAP_THRESHOLD_ makes glibc map every large buffer on its own, so that a
