@@ -377,19 +377,18 @@ cdef object _new_like(object x, const View *xv):
     return cnp.PyArray_EMPTY(xv.ndim, dims, cnp.PyArray_TYPE(<cnp.ndarray>x), 0)
 
 
-cdef object _made(object a, View *v, const View *like, str name):
-    """Fill v from an array the call made after its checks (a copy of x, a new out;
-    see _view) that must have x's shape and dtype (like): torch functions that a
-    subclass's or a mode's __torch_function__ overrides may return anything. A new
-    out must give each element its own memory."""
-    cdef View x = like[0]    # (like may be v)
+cdef object _made(object a, View *v, const View *like, object x, str name):
+    """Fill v from an array the call made from x after its checks (a copy of x, a new
+    out; see _view), which must have x's shape and dtype (like, x's view; may be v):
+    torch functions that a subclass's or a mode's __torch_function__ overrides may
+    return anything. A new out must give each element its own memory."""
+    cdef View xv = like[0]
     owner = _view(a, v, name)
-    if not _same_shape(v, &x) or v.dtype != x.dtype:
+    if not _same_shape(v, &xv) or v.dtype != xv.dtype:
         raise TypeError(f"the {name} the call made (torch.empty_like, .clone() or .contiguous() of x) has "
-                        f"shape {tuple(a.shape)} and dtype {_dtype_name(a)}, not x's "
-                        f"{tuple(x.shape[i] for i in range(x.ndim))}: a __torch_function__ override "
-                        f"(of x's class or of a mode) returned it; such an override must return what "
-                        f"the torch function returns")
+                        f"shape {tuple(a.shape)} and dtype {_dtype_name(a)}, not x's {tuple(x.shape)} and "
+                        f"{_dtype_name(x)}: a __torch_function__ override (of x's class or of a mode) "
+                        f"returned it; such an override must return what the torch function returns")
     _refuse_self_overlap(v, name)
     return owner
 

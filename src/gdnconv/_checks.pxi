@@ -211,7 +211,7 @@ cdef int _written(const View *v, object a, str name) except -1:
 cdef int _refuse_inference(object a, str name) except -1:
     """torch's rule for inference tensors (made under torch.inference_mode()): not
     written in place outside inference mode. (Only an inference tensor lacks a version
-    counter: reading ``_version`` costs ~70 ns less than ``is_inference()``.)"""
+    counter: reading ``_version`` measured ~70 ns less than ``is_inference()``.)"""
     try:
         a._version
         return 0

@@ -283,12 +283,13 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
                    has_initial_state, pad_slot_id, out)
     if c.out_is_x:
         # a time chunk reads its window from x rows that earlier outputs would overwrite
-        x = x.clone() if c.xv.torch else np.array(x, order="C")
-        c.keep.append(_made(x, &c.xv, &c.xv, "x"))
+        copy = x.clone() if c.xv.torch else np.array(x, order="C")
+        c.keep.append(_made(copy, &c.xv, &c.xv, x, "x"))
+        x = copy
     new_out = out is None
     if new_out:
         out = _new_like(x, &c.xv)
-        c.keep.append(_made(out, &c.ov, &c.xv, "out"))
+        c.keep.append(_made(out, &c.ov, &c.xv, x, "out"))
     _prefill_storage(c)   # no user code runs from here on
     _prefill_params(c, bias is not None, cache_indices is not None, new_out)
     with nogil:

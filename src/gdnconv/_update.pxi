@@ -258,12 +258,13 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
                   query_start_loc, pad_slot_id, out)
     if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
         # channels not contiguous: a contiguous copy of x (never of out or conv_state)
-        x = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
-        c.keep.append(_made(x, &c.xv, &c.xv, "x"))
+        copy = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
+        c.keep.append(_made(copy, &c.xv, &c.xv, x, "x"))
+        x = copy
     new_out = out is None
     if new_out:
         out = _new_like(x, &c.xv)
-        c.keep.append(_made(out, &c.ov, &c.xv, "out"))
+        c.keep.append(_made(out, &c.ov, &c.xv, x, "out"))
     _update_storage(c)   # no user code runs from here on
     _update_params(c, bias is not None, conv_state_indices is not None, num_accepted_tokens is not None,
                    new_out)
