@@ -10,22 +10,28 @@
 #   scripts/sanitize.sh --all      and then the whole suite again under GDNCONV_ISA=<name>
 #                                  for every other ISA this CPU has (each test on its
 #                                  default ISA too)
+#   scripts/sanitize.sh --subset   only the tests that hunt memory faults (prefill, safety,
+#                                  errors, fuzz) on the best ISA: the shorter run
 #   scripts/sanitize.sh -- ARGS    extra pytest arguments (e.g. -- -k fuzz -x)
 #   GDNCONV_FUZZ_CALLS=N ...       a longer fuzz run inside the suite
 #
 # The interpreter is not instrumented, so the ASan runtime is preloaded (LD_PRELOAD) and
-# leak detection is off (CPython keeps objects alive at exit). Subprocess tests inherit
-# the environment and run sanitized too.
+# leak detection is off (CPython keeps objects alive at exit). libstdc++ is preloaded
+# after it: ASan intercepts __cxa_throw only in a C++ runtime loaded at start-up, and
+# without it any C++ exception torch throws (loaded later) aborts the run. Subprocess
+# tests inherit the environment and run sanitized too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 all=0
+tests=(tests)
 pytest_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --all) all=1 ;;
+        --subset) tests=(tests/test_prefill.py tests/test_safety.py tests/test_errors.py tests/test_fuzz.py) ;;
         --) shift; pytest_args=("$@"); break ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "sanitize.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -47,7 +53,8 @@ ldd "$out"/lib/gdnconv/_core*.so | grep -E 'libgomp|libomp' > /dev/null \
 cc=${CC:-cc}
 asan=$($cc -print-file-name=libasan.so)
 case "$asan" in /*) ;; *) asan=$($cc -print-file-name=libclang_rt.asan-x86_64.so) ;; esac
-export LD_PRELOAD="$asan${LD_PRELOAD:+ $LD_PRELOAD}"
+stdcxx=$($cc -print-file-name=libstdc++.so.6)
+export LD_PRELOAD="$asan $stdcxx${LD_PRELOAD:+ $LD_PRELOAD}"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:allocator_may_return_null=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 export PYTHONPATH="$PWD/$out/lib"
@@ -63,7 +70,7 @@ status=0
 for isa in "${runs[@]}"; do
     t=$(date +%s)
     echo "== tests, GDNCONV_ISA=$isa (this CPU: $isas)"
-    GDNCONV_ISA=$isa python -m pytest -q -p no:cacheprovider tests "${pytest_args[@]}" || status=1
+    GDNCONV_ISA=$isa python -m pytest -q -p no:cacheprovider "${tests[@]}" "${pytest_args[@]}" || status=1
     echo "== GDNCONV_ISA=$isa: $(( $(date +%s) - t )) s"
 done
 echo "== total $(( $(date +%s) - start )) s, $( [ $status = 0 ] && echo passed || echo FAILED )"

@@ -197,6 +197,11 @@ CASES = [
     ("out-list", _set(out=lambda kw: kw["out"].tolist()), TypeError, ["out"]),
     ("pad_slot_id-float", _set(pad_slot_id=1.5), TypeError, ["pad_slot_id"]),
     ("pad_slot_id-beyond-int64", _set(pad_slot_id=2**70), ValueError, ["pad_slot_id"]),
+    # index arrays are int32: a pad_slot_id beyond that range could never mark a request
+    ("pad_slot_id-above-int32", _set(pad_slot_id=2**31), ValueError,
+     ["pad_slot_id = 2147483648", "int32 range [-2147483648, 2147483647]"]),
+    ("pad_slot_id-below-int32", _set(pad_slot_id=np.int64(-2**31 - 1)), ValueError,
+     ["pad_slot_id = -2147483649", "int32 range"]),
     # layouts a newcomer passes by mistake: the message names the layout and the fix
     ("x-triton-layout", _set(x=lambda kw: np.ascontiguousarray(kw["x"].transpose(0, 2, 1)), out=None),
      ValueError, ["x", "(B, D, T)", "x.transpose(1, 2)"]),
@@ -345,3 +350,45 @@ def test_out_another_view_of_x_accepted(isa, rng):
     assert res is view
     assert_outputs_close(x, ref_out, mag, BF16, silu=True)
     assert_bits_equal(call["conv_state"], ref_state, "conv_state")
+
+
+def test_prefill_pad_slot_id_outside_int32_refused():
+    """Issue 24, fault 8 for conv_prefill (the update's cases are in CASES)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, D)).astype(np.float32)
+    state = rng.standard_normal((S, L, D)).astype(np.float32)
+    out = np.full(x.shape, 7.0, np.float32)
+    before = bits(state), bits(out)
+    for pad in (2**31, -2**31 - 1):
+        with pytest.raises(ValueError) as info:
+            gdnconv.conv_prefill(x, rng.standard_normal((D, W)).astype(np.float32), conv_state=state,
+                                 cache_indices=np.array([0, 1], np.int32), pad_slot_id=pad, out=out)
+        assert str(info.value).startswith(f"pad_slot_id = {pad} is outside the int32 range"), str(info.value)
+        assert np.array_equal(bits(state), before[0]) and np.array_equal(bits(out), before[1])
+    gdnconv.conv_prefill(x, np.ones((D, W), np.float32), conv_state=state, cache_indices=[0, 2**31 - 1],
+                         pad_slot_id=2**31 - 1)   # the int32 ends are taken
+    assert np.array_equal(bits(state)[1:], before[0][1:]), "the request on pad_slot_id wrote"
+
+
+@pytest.mark.parametrize("empty", [list, tuple])
+def test_empty_sequences_are_an_empty_batch(empty):
+    """Issue 24, fault 7: empty Python lists (np.asarray gives float64) for an empty
+    batch are an empty index array, as int32 arrays are: a no-op that returns an empty
+    out and leaves the state alone (they were refused as float64)."""
+    rng = np.random.default_rng(4)
+    state = rng.standard_normal((S, L, D)).astype(np.float32)
+    before = bits(state)
+    w = rng.standard_normal((D, W)).astype(np.float32)
+    out = gdnconv.conv_update_multi(np.zeros((0, T, D), np.float32), state, w, conv_state_indices=empty(),
+                                    num_accepted_tokens=empty())
+    assert out.shape == (0, T, D)
+    out = gdnconv.conv_update_multi(np.zeros((0, D), np.float32), state, w, conv_state_indices=empty(),
+                                    query_start_loc=empty([0]))
+    assert out.shape == (0, D)
+    out = gdnconv.conv_prefill(np.zeros((0, D), np.float32), w, conv_state=state, query_start_loc=empty([0]),
+                               cache_indices=empty(), has_initial_state=empty())
+    assert out.shape == (0, D)
+    assert np.array_equal(bits(state), before)
+    # an empty float array stays refused: only a sequence has no dtype of its own
+    with pytest.raises(TypeError, match="conv_state_indices must be an integer array"):
+        gdnconv.conv_update_multi(np.zeros((0, T, D), np.float32), state, w, conv_state_indices=np.zeros(0))

@@ -1,7 +1,9 @@
-"""Faults found by sanitizers and fuzzing (issue 11), each as the class it belongs to:
-buffers freed under a running kernel (at interpreter exit, or by user code that an
-argument's conversion runs), forked children that hang in OpenMP, unbounded overlap
-checks, thread defaults under OMP_PROC_BIND, and the build's OpenMP probe.
+"""Faults found by sanitizers and fuzzing (issues 11 and 24), each as the class it
+belongs to: buffers freed under a running kernel (at interpreter exit, by user code
+that an argument's conversion runs, or by torch code a __torch_function__ override
+runs during the call), views past their storage, forked children that hang in
+OpenMP, unbounded overlap checks, thread defaults under OMP_PROC_BIND, and the
+build's OpenMP probe.
 
 Crashes and hangs run in a fresh interpreter (``run_python``), hangs with a deadline.
 MALLOC_MMAP_THRESHOLD_ makes glibc map every large buffer on its own, so that a
@@ -158,6 +160,185 @@ def test_tensor_given_new_memory_while_the_call_runs():
     writes the update where the tensor's memory was when the call read it."""
     pytest.importorskip("torch")
     _ok(run_python(TENSOR_HOOKS, **UNMAP_FREED))
+
+
+SHRINKING_HOOKS = """
+import numpy as np, torch, gdnconv, gdnconv.torch as gt
+from torch.overrides import TorchFunctionMode
+D = 4096
+def raw(t):      # the bytes of a tensor as they are now
+    return bytes(t.detach().contiguous().view(-1).view(torch.uint8).numpy())
+class Fire:      # on the first call of torch function `func`, shrink the victim's storage
+    func = victim = None
+    @classmethod
+    def check(cls, func):
+        if cls.func is not None and getattr(func, "__name__", None) == cls.func:
+            cls.func, victim, cls.victim = None, cls.victim, None
+            victim.untyped_storage().resize_(2)   # (smaller than any argument)
+class Hooked(torch.Tensor):   # a subclass's __torch_function__
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        Fire.check(func)
+        return super().__torch_function__(func, types, args, kwargs or {})
+class Mode(TorchFunctionMode):  # a mode's: sees every torch function on every tensor
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        Fire.check(func)
+        return func(*args, **(kwargs or {}))
+def args(op, new_out, strided_x):
+    a = dict(x=torch.ones(2, 1, D) if op == "update" else torch.ones(1, 64, D),
+             conv_state=torch.full((64, 3, D), 0.5), weight=torch.ones(D, 4), bias=torch.ones(D),
+             indices=torch.tensor([62, 63] if op == "update" else [63], dtype=torch.int32))
+    if strided_x:
+        a["x"] = torch.ones(*a["x"].shape[:2], 2 * D)[..., ::2]
+    a["out"] = None if new_out else torch.full(a["x"].shape, 7.0)
+    a["flags"] = None if op == "update" else torch.tensor([True])
+    return a
+def call(op, via, a):
+    if op == "update":
+        f = gt.conv_update_multi if via == "op" else gdnconv.conv_update_multi
+        return f(a["x"], a["conv_state"], a["weight"], a["bias"], conv_state_indices=a["indices"], out=a["out"])
+    f = gt.conv_prefill if via == "op" else gdnconv.conv_prefill
+    return f(a["x"], a["weight"], a["bias"], conv_state=a["conv_state"], cache_indices=a["indices"],
+             has_initial_state=a["flags"], out=a["out"])
+fired = refused = 0
+for op in ("update", "prefill"):
+    for via in ("gdnconv", "op"):
+        for func in ("is_neg", "untyped_storage", "__get__", "numpy", "empty_like", "empty", "clone", "contiguous"):
+            for hooked in ("x", "conv_state", "weight", "bias", "flags", "mode"):
+                for victim in ("x", "conv_state", "weight", "bias", "indices", "out"):
+                    if victim == hooked:
+                        continue
+                    if (func == "clone" and op != "prefill") or (func == "contiguous" and op != "update"):
+                        continue   # (the op makes no such copy)
+                    if func in ("clone", "contiguous") and victim == "x":
+                        continue   # (torch's own copy would read the freed memory)
+                    new_out = func in ("empty_like", "empty", "contiguous")
+                    a = args(op, new_out, func in ("empty", "contiguous"))   # (a new out for a strided x: empty)
+                    if a[hooked if hooked != "mode" else "x"] is None:
+                        continue
+                    if func == "clone":        # conv_prefill clones x when out is x
+                        a["out"] = a["x"]
+                    if a[victim] is None or victim == "flags" or (victim == "out" and a["out"] is a["x"]):
+                        continue
+                    before = {k: raw(t) for k, t in a.items() if t is not None and k != victim}
+                    if hooked != "mode":
+                        a[hooked] = a[hooked].as_subclass(Hooked)
+                    Fire.func, Fire.victim = func, a[victim]
+                    try:
+                        if hooked == "mode":
+                            with Mode():
+                                call(op, via, a)
+                        else:
+                            call(op, via, a)
+                    except ValueError as e:
+                        assert Fire.func is None, (op, via, func, hooked, victim, "refused before the hook", str(e))
+                        name = "cache_indices" if op == "prefill" else "conv_state_indices"
+                        assert str(e).startswith((victim if victim != "indices" else name) + " lies outside its storage"), \\
+                            (op, via, func, hooked, victim, str(e))
+                        after = {k: raw(a[k]) for k in before}
+                        assert after == before, (op, via, func, hooked, victim, "a refused call wrote")
+                        refused += 1
+                    else:
+                        assert Fire.func is not None, f"{op} {via}: {func} of {hooked} shrank {victim}: accepted"
+                    fired += Fire.func is None
+                    Fire.func = None
+print(fired, refused, "OK")
+"""
+
+
+def test_torch_hook_that_shrinks_a_storage_is_refused():
+    """Issue 24, fault 1: torch code that a subclass's or a mode's __torch_function__
+    runs after the call took pointers (is_neg and untyped_storage in a view, the
+    requires_grad getter, numpy for has_initial_state, empty_like or empty for a new
+    out, clone or contiguous for a copy of x) shrinks another argument's storage: the call refuses, naming that argument,
+    and writes nothing, instead of the kernel using freed memory (a segfault before)."""
+    pytest.importorskip("torch")
+    r = run_python(SHRINKING_HOOKS, timeout=600, **UNMAP_FREED)
+    _ok(r)
+    fired, refused = map(int, r.stdout.split()[-3:-1])
+    assert fired == refused and fired >= 100, r.stdout
+
+
+SHRUNK_BEFORE = """
+import torch, gdnconv
+D = 4096
+def raw(t):
+    return bytes(t.detach().view(-1).view(torch.uint8).numpy())
+n = 0
+for op in ("update", "prefill"):
+    for victim in ("x", "conv_state", "weight", "bias", "indices", "out", "query_start_loc"):
+        a = dict(x=torch.ones(3, D), conv_state=torch.full((64, 3, D), 0.5), weight=torch.ones(D, 4),
+                 bias=torch.ones(D), indices=torch.tensor([61, 62, 63], dtype=torch.int32),
+                 out=torch.full((3, D), 7.0), query_start_loc=torch.tensor([0, 1, 2, 3], dtype=torch.int32))
+        before = {k: raw(t) for k, t in a.items() if k != victim}
+        a[victim].untyped_storage().resize_(8)
+        name = {"indices": "cache_indices" if op == "prefill" else "conv_state_indices"}.get(victim, victim)
+        try:
+            if op == "update":
+                gdnconv.conv_update_multi(a["x"], a["conv_state"], a["weight"], a["bias"], out=a["out"],
+                                          conv_state_indices=a["indices"], query_start_loc=a["query_start_loc"])
+            else:
+                gdnconv.conv_prefill(a["x"], a["weight"], a["bias"], conv_state=a["conv_state"], out=a["out"],
+                                     cache_indices=a["indices"], query_start_loc=a["query_start_loc"])
+        except ValueError as e:
+            assert str(e).startswith(name + " lies outside its storage: its elements span bytes 0.."), (op, str(e))
+            assert "of a storage of 8 bytes" in str(e), str(e)
+        else:
+            raise AssertionError(f"{op}: {victim} past its storage accepted")
+        assert {k: raw(a[k]) for k in before} == before, (op, victim, "a refused call wrote")
+        n += 1
+print(n, "OK")
+"""
+
+
+def test_view_past_its_storage_is_refused():
+    """Issue 24, fault 2: a tensor whose storage was shrunk (untyped_storage().resize_())
+    no longer holds its view; torch refuses such a tensor, and so does each op, naming
+    the argument (a shrunk conv_state is not reported as an overlap), with every
+    buffer unchanged (before: reads past the storage, and an 'x overlaps conv_state')."""
+    pytest.importorskip("torch")
+    _ok(run_python(SHRUNK_BEFORE, **UNMAP_FREED), "14 OK")
+
+
+WRONG_COPY = """
+import torch, gdnconv
+D = 4096
+class Liar(torch.Tensor):   # its empty_like / clone / contiguous return a tensor of another shape or dtype
+    give = None
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in ("empty_like", "clone", "contiguous") and cls.give is not None:
+            return cls.give
+        return super().__torch_function__(func, types, args, kwargs or {})
+n = 0
+for op in ("update", "prefill"):
+    for give in (torch.empty(1), torch.empty(2, 1, D, dtype=torch.float16), torch.empty(2, 2, D)):
+        for copy in ("new out", "x copy"):
+            x = torch.ones(2, 1, 2 * D)[..., ::2] if copy == "x copy" and op == "update" else torch.ones(2, 1, D)
+            st = torch.full((4, 3, D), 0.5); before = st.clone()
+            out = x if copy == "x copy" and op == "prefill" else None   # (prefill copies x when out is x)
+            Liar.give = give
+            try:
+                if op == "update":
+                    gdnconv.conv_update_multi(x.as_subclass(Liar), st, torch.ones(D, 4), out=out)
+                else:
+                    gdnconv.conv_prefill(x.as_subclass(Liar), torch.ones(D, 4), conv_state=st, out=out)
+            except TypeError as e:
+                assert " the call made (torch.empty_like, .clone() or .contiguous() of x) has shape " in str(e), str(e)
+                assert torch.equal(st, before), "a refused call wrote"
+                n += 1
+            else:
+                raise AssertionError(f"{op} {copy}: a {tuple(give.shape)} {give.dtype} accepted")
+print(n, "OK")
+"""
+
+
+def test_copy_of_the_wrong_shape_from_an_override_is_refused():
+    """A __torch_function__ override of empty_like, clone or contiguous may return any
+    tensor: a new out or copy of x that does not have x's shape and dtype is refused
+    (the kernel would write or read it with x's shape)."""
+    pytest.importorskip("torch")
+    _ok(run_python(WRONG_COPY, **UNMAP_FREED), "12 OK")
 
 
 # --------------------------------------------------------------------- fork

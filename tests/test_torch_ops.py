@@ -165,6 +165,83 @@ def test_prefill_errors_pass_through_the_op_and_write_nothing():
     assert torch.equal(state, before)
 
 
+def _assert_unchanged(t, before, what):
+    if t.dtype.is_floating_point:
+        assert_bits_equal(t, before, what)
+    else:
+        assert torch.equal(t, before), what
+
+
+def _op_calls():
+    """(op, call(args), args): each registered op with its tensor arguments by name."""
+    x, state, weight, bias, nat, slots = _args(8)
+    yield ("conv_update_multi", lambda a: gt.conv_update_multi(
+        a["x"], a["conv_state"], a["weight"], a["bias"], num_accepted_tokens=a["num_accepted_tokens"],
+        conv_state_indices=a["conv_state_indices"], out=a.get("out")),
+        dict(x=x, conv_state=state, weight=weight, bias=bias, num_accepted_tokens=nat, conv_state_indices=slots))
+    x, weight, bias, state, qsl, slots, init = _prefill_args(8)
+    yield ("conv_prefill", lambda a: gt.conv_prefill(
+        a["x"], a["weight"], a["bias"], conv_state=a["conv_state"], query_start_loc=a["query_start_loc"],
+        cache_indices=a["cache_indices"], has_initial_state=a["has_initial_state"], out=a.get("out")),
+        dict(x=x, weight=weight, bias=bias, conv_state=state, query_start_loc=qsl, cache_indices=slots,
+             has_initial_state=init))
+
+
+@pytest.mark.parametrize("given_out", [False, True])
+def test_one_meta_tensor_among_cpu_ones_is_refused(given_out):
+    """Issue 24, fault 3: one meta argument sends the call to the fake kernel, which
+    returned an uninitialised tensor and wrote nothing; it raises as torch's own ops do,
+    naming the devices, and the CPU buffers stay as they were. All-meta calls still
+    infer the shape."""
+    n = 0
+    for op, call, args in _op_calls():
+        if given_out:
+            args["out"] = torch.full(args["x"].shape, 7.0, dtype=args["x"].dtype)
+        for name in args:
+            a = dict(args, **{name: args[name].to("meta")})
+            before = {k: t.clone() for k, t in a.items() if t.device.type == "cpu"}
+            with pytest.raises(RuntimeError) as info:
+                call(a)
+            op_name = op + ("_out" if given_out else "")
+            assert str(info.value).startswith(f"gdnconv::{op_name}: expected all tensors to be on the same device"), \
+                str(info.value)
+            assert f"{name} on meta" in str(info.value) and "x on " in str(info.value), str(info.value)
+            for k, t in before.items():
+                _assert_unchanged(a[k], t, f"{op} {k} (meta {name})")
+            n += 1
+        meta = {k: t.to("meta") for k, t in args.items()}
+        result = call(meta)
+        assert result.device.type == "meta" and result.shape == args["x"].shape
+    assert n == 13 + 2 * given_out
+
+
+@pytest.mark.parametrize("given_out", [False, True])
+def test_inference_tensors_follow_torchs_rule(given_out):
+    """Issue 24, fault 6: a conv_state (or out) made under torch.inference_mode() is not
+    written outside it (torch refuses that for its own in-place ops): refused with the
+    fix, nothing written; inside inference mode the call runs as with normal tensors."""
+    for op, call, args in _op_calls():
+        args["out"] = torch.full(args["x"].shape, 7.0) if given_out else None
+        want = dict(args, conv_state=args["conv_state"].clone(), out=None if args["out"] is None else args["out"].clone())
+        want_out = call(want)
+        for name in ("conv_state", "out") if given_out else ("conv_state",):
+            with torch.inference_mode():
+                inference = args[name].clone()
+            a = dict(args, conv_state=args["conv_state"].clone())
+            a[name] = inference
+            before = {k: t.clone() for k, t in a.items() if t is not None}
+            with pytest.raises(ValueError) as info:
+                call(a)
+            assert str(info.value).startswith(f"{name} is an inference tensor"), str(info.value)
+            assert "torch.inference_mode()" in str(info.value) and f"{name}.clone()" in str(info.value)
+            for k, t in before.items():
+                _assert_unchanged(a[k], t, f"{op} {k}")
+            with torch.inference_mode():
+                got = call(a)
+            assert_bits_equal(got, want_out, f"{op} out")
+            assert_bits_equal(a["conv_state"], want["conv_state"], f"{op} conv_state")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("given_out", [False, True])
 def test_compile_prefill_then_update_equals_eager(backend, given_out):

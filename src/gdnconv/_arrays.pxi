@@ -5,7 +5,11 @@
 # Order within a call: every argument that can run user code when converted (a
 # sequence or an object with __array__) is converted first (_input_array,
 # _index_source); views and pointers are taken afterwards, from objects the call
-# holds until the kernel returns.
+# holds until the kernel returns. torch code a tensor subclass's or a mode's
+# __torch_function__ overrides (is_neg, untyped_storage, empty_like, clone, ...) can
+# still run after a pointer was taken and resize another tensor's storage: so every
+# tensor view is checked against its storage (_in_storage) after the last step that
+# can run such code, right before the memory checks and the kernel.
 
 cdef extern from "numpy/ndarraytypes.h":
     enum:
@@ -57,10 +61,12 @@ cdef struct View:
     int itemsize
     bint writeable
     bint torch
+    PyObject *store      # a torch tensor's UntypedStorage (held by the call's keep), else NULL
 
 cdef int _bf16_typenum = -1
 cdef object _torch = None          # the torch module, once it has been imported
 cdef object _tensor_type = None    # torch.Tensor
+cdef object _storage_type = None   # torch.UntypedStorage
 cdef dict _torch_dtypes = {}       # torch dtype -> gdn dtype code
 cdef object _to_dlpack = None      # torch.utils.dlpack.to_dlpack
 
@@ -70,7 +76,7 @@ cdef inline bint _is_tensor(object a):
     once: per argument, sys.modules (torch not imported) or torch.Tensor cost a D=64
     call with out= 0.93 -> 0.66 us from NumPy (1.10 -> 0.65 with torch imported) and
     2.95 -> 2.69 us from torch tensors."""
-    global _torch, _tensor_type, _to_dlpack
+    global _torch, _tensor_type, _storage_type, _to_dlpack
     if a is None or cnp.PyArray_Check(a):
         return False
     if _tensor_type is None:
@@ -80,6 +86,7 @@ cdef inline bint _is_tensor(object a):
         _torch = mod
         _torch_dtypes.update({mod.float32: GDN_F32, mod.float16: GDN_F16, mod.bfloat16: GDN_BF16})
         _to_dlpack = getattr(getattr(getattr(mod, "utils", None), "dlpack", None), "to_dlpack", None)
+        _storage_type = mod.UntypedStorage
         _tensor_type = mod.Tensor
     return isinstance(a, _tensor_type)
 
@@ -132,11 +139,13 @@ cdef str _dtype_name(object a):
 cdef object _view(object a, View *v, str name):
     """Fill v from a NumPy array or a torch CPU tensor (no copy). Returns the object
     that keeps the memory at v.ptr alive, which the call holds until the kernel has
-    returned: the array, or the tensor's storage (see _storage)."""
+    returned: the array, or the tensor's storage (see _storage; v.store, which
+    _in_storage checks v against once no more user code can run)."""
     cdef cnp.ndarray arr
     cdef int i
     cdef int64_t size
     cdef gdn_dl_tensor *t
+    v.store = NULL
     if cnp.PyArray_Check(a):
         arr = <cnp.ndarray>a
         if not cnp.PyArray_ISNOTSWAPPED(arr):
@@ -179,15 +188,15 @@ cdef object _view(object a, View *v, str name):
                 raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
             if a.layout is not _torch.strided or getattr(a, "is_nested", False):
                 raise TypeError(f"{name} must be a dense tensor, got a {_layout_name(a)} tensor")
-            owner = a.detach()   # (its own handle on the storage)
-            shape = owner.shape
+            d = a.detach()
+            shape = d.shape
             v.ndim = len(shape)
             if v.ndim > 3:
                 raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(shape)}")
-            v.ptr = <char *><uintptr_t>owner.data_ptr()
-            v.dtype = _torch_dtypes.get(owner.dtype, KIND_OTHER)
-            v.itemsize = 4 if v.dtype == GDN_F32 else 2 if v.dtype != KIND_OTHER else owner.element_size()
-            strides = owner.stride()
+            v.ptr = <char *><uintptr_t>d.data_ptr()
+            v.dtype = _torch_dtypes.get(d.dtype, KIND_OTHER)
+            v.itemsize = 4 if v.dtype == GDN_F32 else 2 if v.dtype != KIND_OTHER else d.element_size()
+            strides = d.stride()
             for i in range(v.ndim):
                 v.shape[i] = shape[i]
                 v.strides[i] = strides[i]
@@ -195,6 +204,8 @@ cdef object _view(object a, View *v, str name):
             raise ValueError(f"{name} has a pending negation bit; call .resolve_neg() first")
         v.writeable = True
         v.torch = True
+        if type(owner) is _storage_type:
+            v.store = <PyObject *>owner
     else:
         raise TypeError(f"{name} must be a numpy.ndarray or a torch.Tensor, got {type(a).__name__}")
     size = 1
@@ -203,6 +214,9 @@ cdef object _view(object a, View *v, str name):
     if size and v.ptr == NULL:
         raise ValueError(f"{name} has {size} elements but no memory (a zero or fake tensor?): "
                          f"pass a materialised tensor such as {name}.clone()")
+    if size and v.torch and v.store == NULL:
+        raise TypeError(f"{name} is a {type(a).__name__} whose storage cannot be read "
+                        f"(untyped_storage() gave {type(owner).__name__}): pass a plain torch.Tensor")
     if size and (<uintptr_t>v.ptr) % v.itemsize:
         raise ValueError(f"{name} data is not aligned to its item size {v.itemsize}")
     return owner
@@ -235,22 +249,34 @@ cdef bint _same_view(const View *a, const View *b):
     return True
 
 
-cdef object _int32_view(object owner, char *ptr, int64_t n, View *v):
-    """v = the (n,) contiguous int32 array at ptr; returns its owner."""
+cdef object _int32_view(object owner, char *ptr, int64_t n, View *v, PyObject *store=NULL):
+    """v = the (n,) contiguous int32 array at ptr (in store, a torch storage, or NULL);
+    returns its owner."""
     v.ptr = ptr
     v.ndim = 1
     v.shape[0] = n
     v.strides[0] = 1
     v.itemsize = 4
+    v.store = store
     return owner
+
+
+cdef object _sequence_array(object a, object empty_dtype):
+    """np.asarray(a) for an index argument that is not an array; an empty list or tuple
+    (np.asarray gives float64) as an empty array of empty_dtype."""
+    arr = np.asarray(a)
+    if arr.size == 0 and arr.dtype == np.float64 and isinstance(a, (list, tuple)):
+        return arr.astype(empty_dtype)
+    return arr
 
 
 cdef object _storage(object a):
     """What keeps a tensor's memory alive while the call runs, taken before its pointer:
     its storage. A DLPack capsule would not: it shares the tensor's TensorImpl, so a
     ``.set_()`` in code that runs later in the call (a subclass's or mode's
-    ``__torch_function__``) frees the memory under it. (A detached alias where the
-    storage cannot be had, as for tensors without memory, refused later.)"""
+    ``__torch_function__``) frees the memory under it; it does not stop a
+    ``resize_()`` of the storage, which _in_storage catches. (A detached alias where
+    the storage cannot be had, as for tensors without memory, refused by _view.)"""
     try:
         return a.untyped_storage()
     except Exception:
@@ -260,15 +286,16 @@ cdef object _storage(object a):
 cdef object _index_source(object a, str name, list keep):
     """An index argument as _index_array reads it without running any user code: None,
     a NumPy array, or the DLPack capsule of a 1-D int32 unit-stride CPU tensor (read in
-    place: .numpy() costs ~0.7 us; its storage goes to keep). Everything that can run
-    user code (``__array__``, ``__len__``, torch methods) happens here, before the call
-    takes any pointer."""
+    place: .numpy() costs ~0.7 us; its storage goes to keep and is the capsule's
+    context, for _in_storage). Everything that can run user code (``__array__``,
+    ``__len__``, torch methods) happens here, before the call takes any pointer. An
+    empty sequence (a batch of none) is an empty int32 array."""
     cdef gdn_dl_tensor *t
     cdef uintptr_t ptr
     if a is None or cnp.PyArray_Check(a):
         return a
     if not _is_tensor(a):
-        return np.asarray(a)
+        return _sequence_array(a, np.int32)
     if a.is_neg():   # torch's values are the negated memory
         a = a.resolve_neg()
     store = _storage(a)
@@ -276,8 +303,9 @@ cdef object _index_source(object a, str name, list keep):
     if (cap is not None and t.ndim == 1 and t.dtype.code == DL_INT and t.dtype.bits == 32 and
             (t.shape[0] <= 1 or t.strides == NULL or t.strides[0] == 1)):
         ptr = <uintptr_t>t.data + t.byte_offset
-        if ptr % 4 == 0 and (ptr != 0 or t.shape[0] == 0):
+        if ptr % 4 == 0 and (ptr != 0 or t.shape[0] == 0) and type(store) is _storage_type:
             keep.append(store)
+            PyCapsule_SetContext(cap, <void *>store)
             return cap
     if not a.is_cpu:
         raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
@@ -307,7 +335,7 @@ cdef object _index_array(object src, str name, int64_t n, View *v):
         t = <gdn_dl_tensor *>PyCapsule_GetPointer(src, "dltensor")
         if t.shape[0] != n:
             raise ValueError(f"{name} must have shape ({n},), got ({t.shape[0]},)")
-        return _int32_view(src, <char *>t.data + t.byte_offset, n, v)
+        return _int32_view(src, <char *>t.data + t.byte_offset, n, v, <PyObject *>PyCapsule_GetContext(src))
     a = src
     cdef cnp.ndarray arr = <cnp.ndarray>a
     if cnp.PyArray_NDIM(arr) != 1 or cnp.PyArray_DIMS(arr)[0] != n:
@@ -347,6 +375,22 @@ cdef object _new_like(object x, const View *xv):
     for i in range(xv.ndim):
         dims[i] = xv.shape[i]
     return cnp.PyArray_EMPTY(xv.ndim, dims, cnp.PyArray_TYPE(<cnp.ndarray>x), 0)
+
+
+cdef object _made(object a, View *v, const View *like, object x, str name):
+    """Fill v from an array the call made from x after its checks (a copy of x, a new
+    out; see _view), which must have x's shape and dtype (like, x's view; may be v):
+    torch functions that a subclass's or a mode's __torch_function__ overrides may
+    return anything. A new out must give each element its own memory."""
+    cdef View xv = like[0]
+    owner = _view(a, v, name)
+    if not _same_shape(v, &xv) or v.dtype != xv.dtype:
+        raise TypeError(f"the {name} the call made (torch.empty_like, .clone() or .contiguous() of x) has "
+                        f"shape {tuple(a.shape)} and dtype {_dtype_name(a)}, not x's {tuple(x.shape)} and "
+                        f"{_dtype_name(x)}: a __torch_function__ override (of x's class or of a mode) "
+                        f"returned it; such an override must return what the torch function returns")
+    _refuse_self_overlap(v, name)
+    return owner
 
 
 cdef object _input_array(object a, str name):

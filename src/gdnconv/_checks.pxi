@@ -90,8 +90,12 @@ cdef int _shares(const View *a, const View *b) except -2:
 
 
 cdef int _refuse_shared(const View *a, str name, const View *b, str bname) except -1:
-    """Two written arrays must not share memory; an undecided pair is refused too."""
+    """Two written arrays must not share memory; an undecided pair is refused too (a
+    tensor outside its storage, as its own fault)."""
     cdef int shared = _shares(a, b)
+    if shared:
+        _in_storage(a, name)
+        _in_storage(b, bname)
     if shared == 1:
         raise ValueError(f"{name} overlaps {bname}")
     if shared == -1:
@@ -106,14 +110,17 @@ cdef int _read_apart(list keep, View *r, str name, const View *w, str wname, str
     when it does. When NumPy cannot tell (see _shares), r is pointed at a private copy
     of its elements, which the call keeps."""
     cdef int shared = _shares(r, w)
+    if shared == 0:
+        return 0
+    _in_storage(r, name)     # (a tensor outside its storage is its own fault, and the copy reads r)
+    _in_storage(w, wname)
     if shared == 1:
         raise ValueError(f"{name} overlaps {wname}{detail}: the call reads {name} while it writes {wname}; "
                          f"pass a copy of {name} (.copy() or .clone())")
-    if shared == 0:
-        return 0
     copy = np.array(_raw(r), order="C")
     keep.append(copy)
     r.ptr = <char *>cnp.PyArray_DATA(<cnp.ndarray>copy)
+    r.store = NULL
     cdef int64_t stride = 1
     cdef int i
     for i in range(r.ndim - 1, -1, -1):
@@ -145,10 +152,14 @@ cdef int _silu_flag(object activation) except -1:
 
 
 cdef int64_t _pad_slot(object pad_slot_id) except? -1:
+    """pad_slot_id as an int32 value: index arrays are int32, so any other value could
+    never mark a request."""
     if isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, (int, np.integer)):
         raise TypeError(f"pad_slot_id must be an integer, got {pad_slot_id!r}")
-    if not -2**63 <= pad_slot_id < 2**63:
-        raise ValueError(f"pad_slot_id = {pad_slot_id} is outside the int64 range")
+    if not -2**31 <= pad_slot_id < 2**31:
+        raise ValueError(f"pad_slot_id = {pad_slot_id} is outside the int32 range "
+                         f"[{-2**31}, {2**31 - 1}] of the index arrays, so it could never mark a request: "
+                         f"pass the value your index arrays use for padding (vLLM: -1)")
     return pad_slot_id
 
 
@@ -186,12 +197,58 @@ cdef int _weights(list keep, View *wv, View *bv, object weight, object bias, obj
 
 
 cdef int _written(const View *v, object a, str name) except -1:
-    """Checks on an array the call writes in place: writeable, outside autograd, every
-    element its own memory."""
+    """Checks on an array the call writes in place: writeable, outside autograd, not an
+    inference tensor outside inference mode, every element its own memory."""
     if not v.writeable:
         raise ValueError(f"{name} is read-only: it is written in place (pass a writeable array)")
     _refuse_autograd(a, name)
+    if v.torch:
+        _refuse_inference(a, name)
     _refuse_self_overlap(v, name)
+    return 0
+
+
+cdef int _refuse_inference(object a, str name) except -1:
+    """torch's rule for inference tensors (made under torch.inference_mode()): not
+    written in place outside inference mode. (Only an inference tensor lacks a version
+    counter: reading ``_version`` measured ~70 ns less than ``is_inference()``.)"""
+    try:
+        a._version
+        return 0
+    except RuntimeError:
+        pass
+    if a.is_inference() and not _torch.is_inference_mode_enabled():
+        raise ValueError(f"{name} is an inference tensor (made under torch.inference_mode()) and gdnconv "
+                         f"writes it in place, which torch allows only inside inference mode: make the "
+                         f"call inside torch.inference_mode() as well, or pass a normal tensor "
+                         f"({name}.clone() outside inference mode gives one to use from then on)")
+    return 0
+
+
+cdef int _in_storage(const View *v, str name) except -1:
+    """A torch tensor's view must lie within its storage, as torch's own ops require:
+    a storage shrunk by ``untyped_storage().resize_()``, before the call or by torch
+    code the call ran after taking the pointer (a subclass's or mode's
+    __torch_function__), would leave the kernel reading or writing freed memory. Run
+    after the last step of a call that can run user code; reads the storage's C
+    methods only (no torch function, so no override runs)."""
+    cdef int64_t base, nbytes, lo, hi
+    cdef uintptr_t vlo, vhi
+    if v.store == NULL:
+        return 0
+    _extent(v, &vlo, &vhi)
+    if vlo == vhi:
+        return 0
+    store = <object>v.store
+    nbytes = len(store)
+    base = store.data_ptr()
+    lo = <int64_t>vlo - base
+    hi = <int64_t>vhi - base
+    if lo < 0 or hi > nbytes:
+        raise ValueError(f"{name} lies outside its storage: its elements span bytes {lo}..{hi} of a "
+                         f"storage of {nbytes} bytes (shrunk by untyped_storage().resize_(), before the "
+                         f"call or by a __torch_function__ override during it?); torch refuses such a "
+                         f"tensor too: pass one whose storage holds it")
     return 0
 
 

@@ -22,8 +22,13 @@ Design:
 - Lifetimes: every argument conversion that can run user code (``__array__``,
   ``__len__``, torch methods) runs before the first pointer is taken, and every
   buffer the kernel touches (arguments, copies) is held by the call object's
-  ``keep`` until the kernel returns; a tensor through its storage. The weight
-  scratch is the C side's, per OS thread (threads.c).
+  ``keep`` until the kernel returns; a tensor through its storage. torch code that a
+  subclass's or a mode's ``__torch_function__`` overrides still runs after pointers
+  are taken (``is_neg``, ``empty_like``, ``clone``...), so once the last such step is
+  done every tensor view is checked against its storage's size and data pointer
+  (``_in_storage``: two C methods of the storage, no torch function), which also
+  refuses a storage shrunk before the call. The weight scratch is the C side's, per
+  OS thread (threads.c).
 - Overlap checks are exact but bounded (``_shares``): a read-only input whose overlap
   with a written array NumPy cannot decide in time is read from a copy; two such
   written arrays are refused.
@@ -40,7 +45,8 @@ import sys
 import numpy as np
 
 cimport numpy as cnp
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from cpython.pycapsule cimport PyCapsule_GetContext, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetContext
+from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 from libc.string cimport memset
 

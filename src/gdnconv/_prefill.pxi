@@ -30,7 +30,7 @@ cdef object _flag_source(object a, str name):
         if a.dtype.is_floating_point or a.dtype.is_complex:
             raise TypeError(f"{name} must be a bool or integer array, got dtype {_dtype_name(a)}")
         a = a.numpy(force=True)
-    a = np.asarray(a)
+    a = _sequence_array(a, np.bool_)
     if a.dtype.kind not in "biu":
         raise TypeError(f"{name} must be a bool or integer array, got dtype {a.dtype}")
     if a.ndim != 1:
@@ -40,7 +40,8 @@ cdef object _flag_source(object a, str name):
 
 cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, query_start_loc,
                         cache_indices, has_initial_state, pad_slot_id, out) except -1:
-    """Every check of the prefill that needs no index value; nothing is written. All
+    """Every check of the prefill that needs no index value, but the storage checks
+    (_prefill_storage, once the call runs no more user code); nothing is written. All
     arguments must come from _input_array / _index_source / _flag_source."""
     cdef int64_t B, T = 0, N = 0, D, W, L = 0, S = 0
     c.silu = _silu_flag(activation)
@@ -147,6 +148,19 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
     return 0
 
 
+cdef int _prefill_storage(_Prefill c) except -1:
+    """Every tensor view within its storage (absent arguments have empty views); run
+    after the last step of the call that can run user code (x's copy, the new out)."""
+    _in_storage(&c.xv, "x")
+    _in_storage(&c.sv, "conv_state")
+    _in_storage(&c.wv, "weight")
+    _in_storage(&c.bv, "bias")
+    _in_storage(&c.ov, "out")
+    _in_storage(&c.iv, "cache_indices")
+    _in_storage(&c.qv, "query_start_loc")
+    return 0
+
+
 cdef int _prefill_apart(_Prefill c, View *r, str name, bint has_out) except -1:
     """A read-only argument must not share memory with conv_state or out (see _read_apart)."""
     _read_apart(c.keep, r, name, &c.sv, "conv_state")
@@ -227,7 +241,7 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
             in a new ``out`` and untouched in a given one. Live slots must differ.
         has_initial_state: ``(B,)`` bool (or integer, nonzero = true); None: no
             request has one.
-        pad_slot_id: slot value that marks padding (default -1).
+        pad_slot_id: slot value that marks padding (default -1), within int32.
         out: optional array of ``x``'s shape and dtype, any strides; may be ``x``
             itself (``x`` is then read from a temporary copy).
         num_threads: threads for this call, used as asked. Default:
@@ -242,8 +256,9 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
 
     Raises:
         TypeError: an argument is not an array/tensor (``x`` and the index arguments
-            may be sequences NumPy converts), dtypes unsupported or mixed, index
-            arrays not integer (``has_initial_state``: not bool or integer).
+            may be sequences NumPy converts; an empty list is an empty index
+            array), dtypes unsupported or mixed, index arrays not integer
+            (``has_initial_state``: not bool or integer).
         ValueError: wrong rank or shape, ``D``/``W`` mismatch, width outside 2..8,
             ``state_len < W - 1``, a 2-D ``x`` without ``query_start_loc``, bad
             ``query_start_loc``, slot out of range or used twice, ``cache_indices``
@@ -251,7 +266,11 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
             self-overlapping ``conv_state``/``out``, ``out`` overlapping
             ``conv_state`` (or ``x`` without being ``x``), ``x``, ``weight``,
             ``bias`` or an index array overlapping ``conv_state`` or ``out``,
-            non-CPU tensors.
+            non-CPU tensors, a tensor whose view lies outside its storage (a
+            storage shrunk with ``untyped_storage().resize_()``, before the call or
+            by a ``__torch_function__`` override during it), an inference tensor
+            ``conv_state``/``out`` outside ``torch.inference_mode()``, ``pad_slot_id``
+            outside the int32 range.
         MemoryError: no memory for the weight conversion.
         Nothing is written when an exception is raised.
     """
@@ -281,6 +300,7 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
     """The body of conv_prefill (and of the vLLM-order entry)."""
     cdef int nthreads = _call_threads(num_threads)
     cdef int rc
+    cdef View raw
     # convert first: user code (__array__) must not run once pointers are taken
     x = _input_array(x, "x")
     weight = _native(weight)
@@ -292,17 +312,23 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
                    has_initial_state, pad_slot_id, out)
     if c.out_is_x:
         # a time chunk reads its window from x rows that earlier outputs would overwrite
-        x = x.clone() if c.xv.torch else np.array(x, order="C")
-        c.keep.append(_view(x, &c.xv, "x"))
+        copy = x.clone() if c.xv.torch else np.array(x, order="C")
+        raw = c.xv
+        _vllm_tokens(&raw, c.vllm)          # x's view in the caller's order, as the copy's
+        c.keep.append(_made(copy, &c.xv, &raw, x, "x"))
         _vllm_tokens(&c.xv, c.vllm)
+        x = copy
     new_out = out is None
     if new_out:
         if c.vllm and not _c_contiguous(&c.xv):   # (D, N) over (N, D) memory
             out = _torch.empty_strided((c.D, c.N), (1, c.D), dtype=x.dtype)
         else:
             out = _new_like(x, &c.xv)
-        c.keep.append(_view(out, &c.ov, "out"))
+        raw = c.xv
+        _vllm_tokens(&raw, c.vllm)
+        c.keep.append(_made(out, &c.ov, &raw, x, "out"))
         _vllm_tokens(&c.ov, c.vllm)
+    _prefill_storage(c)   # no user code runs from here on
     _prefill_params(c, bias is not None, cache_indices is not None, new_out)
     with nogil:
         rc = gdn_prefill_run(&c.p, nthreads)
@@ -329,6 +355,7 @@ def prefill_bytes_moved(x, weight, *, conv_state=None, query_start_loc=None, cac
     has_initial_state = _flag_source(has_initial_state, "has_initial_state")
     _check_prefill(c, x, weight, None, None, conv_state, query_start_loc, cache_indices, has_initial_state,
                    pad_slot_id, None)
+    _prefill_storage(c)
     c.ov = c.xv
     _prefill_params(c, False, cache_indices is not None, False)
     return gdn_prefill_bytes(&c.p)

@@ -31,8 +31,10 @@ cdef inline void _vllm_order(View *v, bint vllm) noexcept:
 
 cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_accepted_tokens,
                        conv_state_indices, query_start_loc, pad_slot_id, out) except -1:
-    """Every check of the update that needs no index value; nothing is written. All
-    arguments must come from _input_array / _index_source (no user code runs here)."""
+    """Every check of the update that needs no index value, but the storage checks
+    (_update_storage, once the call runs no more user code); nothing is written. All
+    arguments must come from _input_array / _index_source (only torch overrides run
+    user code here)."""
     cdef int64_t B, T = 1, N = 0, D, W, L, S
     c.silu = _silu_flag(activation)
     c.pad_slot_id = _pad_slot(pad_slot_id)
@@ -122,6 +124,20 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
 
     c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
     c.varlen = query_start_loc is not None
+    return 0
+
+
+cdef int _update_storage(_Update c) except -1:
+    """Every tensor view within its storage (absent arguments have empty views); run
+    after the last step of the call that can run user code (x's copy, the new out)."""
+    _in_storage(&c.xv, "x")
+    _in_storage(&c.sv, "conv_state")
+    _in_storage(&c.wv, "weight")
+    _in_storage(&c.bv, "bias")
+    _in_storage(&c.ov, "out")
+    _in_storage(&c.iv, "conv_state_indices")
+    _in_storage(&c.nv, "num_accepted_tokens")
+    _in_storage(&c.qv, "query_start_loc")
     return 0
 
 
@@ -215,7 +231,7 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             A request whose slot equals ``pad_slot_id`` is skipped entirely.
         query_start_loc: ``(B + 1,)`` integer offsets of each request's rows in a 2-D
             ``x`` (starts at 0, non-decreasing, ends at ``N``); ``T_i`` may be 0.
-        pad_slot_id: slot value that marks padding (default -1).
+        pad_slot_id: slot value that marks padding (default -1), within int32.
         out: optional array of ``x``'s shape and dtype to write into; may be ``x``
             itself. Rows of skipped requests are left as they were (zeros in a newly
             allocated output).
@@ -230,15 +246,21 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
     Raises:
         TypeError: ``conv_state``, ``weight``, ``bias`` or ``out`` is not an
             array/tensor (``x`` and the index arguments may be sequences NumPy
-            converts), dtypes are unsupported or mixed (``bias`` must have
-            ``weight``'s dtype), or an index array is not of an integer dtype.
+            converts; an empty list is an empty index array), dtypes are
+            unsupported or mixed (``bias`` must have ``weight``'s dtype), or an
+            index array is not of an integer dtype.
         ValueError: wrong rank or shape, ``D``/``W`` mismatch, width outside 2..8,
             ``state_len`` too small, slot out of range or used twice, a written
             array that overlaps itself or has non-native byte order,
             ``num_accepted_tokens`` out of range, bad ``query_start_loc``, read-only
             ``conv_state``/``out``, ``out`` overlapping ``conv_state`` (or ``x``
             without being ``x``), ``x``, ``weight``, ``bias`` or an index array
-            overlapping ``conv_state`` or ``out``, non-CPU tensors.
+            overlapping ``conv_state`` or ``out``, non-CPU tensors, a tensor whose
+            view lies outside its storage (a storage shrunk with
+            ``untyped_storage().resize_()``, before the call or by a
+            ``__torch_function__`` override during it), an inference tensor
+            ``conv_state``/``out`` outside ``torch.inference_mode()``, ``pad_slot_id``
+            outside the int32 range.
         Nothing is written when an exception is raised.
     """
     return _update(_Update(), x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
@@ -260,6 +282,7 @@ cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_acce
                     conv_state_indices, query_start_loc, pad_slot_id, out, num_threads):
     """The body of conv_update_multi (and of the vLLM-order entry)."""
     cdef int nthreads = _call_threads(num_threads)
+    cdef View raw
     # convert first: user code (__array__) must not run once pointers are taken
     x = _input_array(x, "x")
     weight = _native(weight)
@@ -272,15 +295,22 @@ cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_acce
     if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
         # channels not contiguous: a contiguous copy of x (never of out or conv_state)
         if c.vllm and c.xv.ndim == 3:       # (B, D, T) in vLLM's order: channels last in memory
-            x = _torch_contiguous(x.transpose(1, 2)).transpose(1, 2)
+            copy = _torch_contiguous(x.transpose(1, 2)).transpose(1, 2)
         else:
-            x = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
-        c.keep.append(_view(x, &c.xv, "x"))
+            copy = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
+        raw = c.xv
+        _vllm_order(&raw, c.vllm)           # x's view in the caller's order, as the copy's
+        c.keep.append(_made(copy, &c.xv, &raw, x, "x"))
         _vllm_order(&c.xv, c.vllm)
+        x = copy
     new_out = out is None
     if new_out:
         out = _new_like(x, &c.xv)
-        c.keep.append(_view(out, &c.ov, "out"))
+        raw = c.xv
+        _vllm_order(&raw, c.vllm)
+        c.keep.append(_made(out, &c.ov, &raw, x, "out"))
+        _vllm_order(&c.ov, c.vllm)
+    _update_storage(c)   # no user code runs from here on
     _update_params(c, bias is not None, conv_state_indices is not None, num_accepted_tokens is not None,
                    new_out)
     with nogil:
@@ -326,6 +356,7 @@ def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_i
     query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
     _check_update(c, x, conv_state, weight, None, None, num_accepted_tokens, conv_state_indices,
                   query_start_loc, pad_slot_id, None)
+    _update_storage(c)
     c.ov = c.xv
     _update_params(c, False, conv_state_indices is not None, num_accepted_tokens is not None, False)
     return gdn_update_bytes(&c.p)

@@ -12,6 +12,7 @@ Design:
 - the ops call ``gdnconv.conv_update_multi`` on the tensors they get (zero-copy);
 - the fake implementations give the output's exact shape, dtype and strides
   (contiguous, as the real op returns it) so a compiled graph needs no real data;
+  they refuse a mix of devices (one meta tensor among CPU ones), as torch's ops do;
 - ``activation`` goes through the schema as a string (booleans are mapped first);
 - NumPy users never import this module, so ``import gdnconv`` never imports torch.
 """
@@ -82,27 +83,50 @@ _lib.impl("conv_prefill", _prefill, "CPU")
 _lib.impl("conv_prefill_out", _prefill_out, "CPU")
 
 
+def _one_device(op, **tensors):
+    """The fake kernels run for fake tensors (torch.compile, FakeTensorMode) and for
+    meta tensors, which the dispatcher sends here when any argument is on the meta
+    device: a mix of meta and CPU tensors is refused as torch's own ops refuse it
+    (the CPU arguments would otherwise be left unwritten, the output uninitialised)."""
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        where = ", ".join(f"{name} on {device}" for name, device in devices.items())
+        raise RuntimeError(f"gdnconv::{op}: expected all tensors to be on the same device, got {where}: "
+                           f"pass CPU tensors to compute, or meta tensors only to infer shapes")
+
+
 @torch.library.register_fake("gdnconv::conv_update_multi", lib=_lib)
 def _op_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
              query_start_loc, pad_slot_id):
+    _one_device("conv_update_multi", x=x, conv_state=conv_state, weight=weight, bias=bias,
+                num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
+                query_start_loc=query_start_loc)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @torch.library.register_fake("gdnconv::conv_update_multi_out", lib=_lib)
 def _op_out_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
                  query_start_loc, pad_slot_id, out):
+    _one_device("conv_update_multi_out", x=x, conv_state=conv_state, weight=weight, bias=bias,
+                num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
+                query_start_loc=query_start_loc, out=out)
     return None
 
 
 @torch.library.register_fake("gdnconv::conv_prefill", lib=_lib)
 def _prefill_fake(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
                   pad_slot_id, num_threads):
+    _one_device("conv_prefill", x=x, weight=weight, bias=bias, conv_state=conv_state,
+                query_start_loc=query_start_loc, cache_indices=cache_indices, has_initial_state=has_initial_state)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @torch.library.register_fake("gdnconv::conv_prefill_out", lib=_lib)
 def _prefill_out_fake(x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
                       has_initial_state, pad_slot_id, num_threads, out):
+    _one_device("conv_prefill_out", x=x, weight=weight, bias=bias, conv_state=conv_state,
+                query_start_loc=query_start_loc, cache_indices=cache_indices, has_initial_state=has_initial_state,
+                out=out)
     return None
 
 
