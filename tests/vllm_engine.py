@@ -30,8 +30,8 @@ def make_checkpoint(kind, path):
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
         cfg = Qwen3NextConfig(
             vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=64, linear_key_head_dim=128, linear_value_head_dim=128,
-            linear_num_key_heads=1, linear_num_value_heads=2, num_experts=4, num_experts_per_tok=2,
+            num_key_value_heads=2, head_dim=64, linear_key_head_dim=128, linear_value_head_dim=128,
+            linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=64, shared_expert_intermediate_size=64, max_position_embeddings=1024,
             layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=None, eos_token_id=None,
             tie_word_embeddings=False)
@@ -104,6 +104,7 @@ def main(argv=None):
     if args.tp == 1:       # the engine in this process: its conv calls can be counted and timed here
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     else:                  # one NUMA node: vLLM asks for each worker's CPUs ("0|1" on two cores)
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")   # collective_rpc of this file's functions
         cpus = sorted(os.sched_getaffinity(0))
         step = max(1, len(cpus) // args.tp)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
