@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
         --all) all=1 ;;
         --subset) tests=(tests/test_prefill.py tests/test_safety.py tests/test_errors.py tests/test_fuzz.py) ;;
         --) shift; pytest_args=("$@"); break ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "sanitize.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
     shift
