@@ -15,7 +15,7 @@ columns themselves (``cache.update_conv_state``, which also writes the cache), s
 function holds no state. gdnconv computes it with ``conv_prefill`` on the ``(B, T, D)``
 view (no state) and returns the ``(B, D, T)`` view of the result. Calls with
 ``cu_seqlens`` or ``seq_idx`` (packed sequences) go to the original, which refuses them
-without the ``causal_conv1d`` package.
+without the ``causal_conv1d`` package (5.19's ignores them).
 
 transformers' convention (ref: ``causal_conv1d_update`` in e.g.
 transformers/models/qwen3_next/modeling_qwen3_next.py): ``hidden_states`` ``(B, D, T)``,
@@ -47,7 +47,7 @@ __all__ = ["patch", "unpatch", "patched", "is_patched", "counters", "reset_count
 
 SUPPORTED_TRANSFORMERS = (">=5.19.0", "<5.24")   # the range the "transformers" extra accepts
 # every model package of transformers 5.19-5.23 whose modeling module defines causal_conv1d_update (and
-# causal_conv1d_fn, same signatures in every release of the range), with the release that added it
+# causal_conv1d_fn, same signatures in every release of the range), with the first release of the range that has it
 _ADDED = {
     "bailing_hybrid": "5.20", "bamba": "5.19", "falcon_h1": "5.19", "falcon_mamba": "5.19", "glm5_next": "5.19",
     "granitemoehybrid": "5.19", "inkling": "5.19", "inkling2": "5.23", "jamba": "5.19", "kimi_linear": "5.19",
