@@ -72,3 +72,22 @@ def test_workflow_runs_wheels_per_arch_and_sdist():
     assert archs == {"x86_64", "aarch64"}
     sdist_runs = " ".join(str(s.get("run", "")) for s in jobs["sdist"]["steps"])
     assert "build --sdist" in sdist_runs
+
+
+def test_transformers_extra_and_ci_cover_the_supported_range():
+    """The transformers extra pins gdnconv.transformers.SUPPORTED_TRANSFORMERS; the test extra
+    installs a release inside it, and .ci/run reruns the real-model tests on its lower bound."""
+    import ast
+    with open(os.path.join(ROOT, "src", "gdnconv", "transformers.py")) as f:
+        tree = ast.parse(f.read())
+    supported = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                     and getattr(n.targets[0], "id", None) == "SUPPORTED_TRANSFORMERS")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert f"transformers{','.join(supported)}" in extras["transformers"]
+    lowest = supported[0].removeprefix(">=")
+    pinned = [e.removeprefix("transformers==") for e in extras["test"] if e.startswith("transformers==")]
+    from packaging.specifiers import SpecifierSet
+    assert len(pinned) == 1 and pinned[0] != lowest and pinned[0] in SpecifierSet(",".join(supported)), extras["test"]
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        assert f'pip install -q "transformers=={lowest}"' in f.read()

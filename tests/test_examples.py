@@ -98,6 +98,16 @@ def _doc_snippets():
     return found
 
 
+def test_readme_is_short_user_documentation():
+    """The README stays what a new user reads in minutes (measurement history and design notes
+    live in benchmarks/README.md and docs/design.md), and its test command is the one CI runs."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 230, "README.md: move details to docs/ or benchmarks/README.md"
+    assert "--index-url https://download.pytorch.org/whl/cpu" in text
+    assert '&& pip install ".[test]" && python -m pytest -q\n' in text
+    assert '&& pip install ".[sim,torch]" && gdnconv simulate\n' in text
+
+
 @pytest.mark.parametrize("code, printed", _doc_snippets())
 def test_readme_snippet(code, printed):
     """Each README (and docs/clients.md) snippet runs in a fresh interpreter and prints

@@ -2,6 +2,9 @@
 and its incremental ground truth equals the whole-stream reference."""
 import argparse
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -108,11 +111,47 @@ def test_cli_version_and_help():
         assert text.count("default") == 1, (flag, text)
 
 
+def test_cli_help_is_plain_text_with_every_default():
+    """gdnconv, gdnconv simulate and gdnconv generate --help: no reST ``literal`` marks, every
+    option's help gives its default (--steps with the preset's number); python -m gdnconv alone
+    prints the help and exits 0."""
+    from gdnconv import generate
+    for cmd in ([], ["simulate"], ["generate"]):
+        res = run_python(f"from gdnconv.__main__ import main; main({cmd + ['--help']!r})")
+        assert res.returncode == 0 and res.stdout.startswith("usage: gdnconv"), res.stderr
+        assert "``" not in res.stdout, res.stdout
+    for module in (simulate, generate):
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        for action in parser._actions:
+            if action.dest != "help":
+                assert "(default: " in action.help or "; default: " in action.help, (module.__name__, action.dest)
+    res = run_python("from gdnconv.__main__ import main; main(['simulate', '--help'])")
+    steps = " ".join(res.stdout.split(" --steps STEPS ", 1)[1].split(" --slots", 1)[0].split())
+    assert steps == "decode steps (default: the preset's, 1500 for qwen3-next, 1200 for qwen3.5-27b, 120 for tiny)"
+    res = subprocess.run([sys.executable, "-m", "gdnconv"], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert res.returncode == 0 and res.stdout.startswith("usage: gdnconv") and "simulate" in res.stdout, res
+
+
+def test_threads_line_in_plain_words(capsys):
+    """The report's threads line (default threads, some calls slower than one thread) says what
+    happened without jargon."""
+    _, r = _run(capsys, "--no-torch")
+    r["gdnconv"].update(team_slow_calls=5, team_reductions=2, team_capped_calls=30)
+    line = [ln for ln in simulate.format_report(r).splitlines() if ln.startswith("threads    :")][0]
+    calls = r["config"]["steps"] + (r["prefill"]["calls"] if r["prefill"] else 0)
+    assert line.startswith(f"threads    : 5 of {calls} timed calls were slower than on one thread"), line
+    assert "2 times gdnconv used half the threads" in line and "30 calls ran on fewer than" in line, line
+    assert "team" not in line, line
+
+
 def test_bfloat16_without_ml_dtypes_says_what_to_install():
     res = run_python("import sys; sys.modules['ml_dtypes'] = None\n"
                      "from gdnconv.__main__ import main; main(['simulate', '--preset', 'tiny', '--steps', '2'])")
     assert res.returncode != 0
-    assert 'pip install "gdnconv[sim]"' in res.stderr and "--dtype float32" in res.stderr
+    assert 'pip install ml_dtypes' in res.stderr and 'pip install ".[sim]"' in res.stderr
+    assert "--dtype float32" in res.stderr
 
 
 def test_report_says_conditions_and_warns_when_busy(capsys):

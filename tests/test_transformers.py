@@ -4,6 +4,7 @@ import re
 
 import numpy as np
 import pytest
+from packaging.version import Version
 
 from conftest import assert_bits_equal, run_python
 
@@ -141,7 +142,8 @@ def test_prefill_route_equals_transformers_function(dtype, W, T, bias, activatio
 
 def test_prefill_fallbacks_are_counted_and_match():
     """What gdnconv cannot take goes to the original: an activation it lacks, a float64 weight,
-    autograd; packed sequences (seq_idx), which the original refuses the same way."""
+    autograd; packed sequences (seq_idx), which the original refuses the same way (transformers
+    >= 5.20; 5.19's ignores seq_idx, and so the routed one gives its result)."""
     from transformers.models.qwen3_next import modeling_qwen3_next as mq
     original = mq.causal_conv1d_fn
     gtf.patch(["qwen3_next"])
@@ -153,9 +155,13 @@ def test_prefill_fallbacks_are_counted_and_match():
         with torch.enable_grad():
             assert torch.equal(original(x, ww, None, act), mq.causal_conv1d_fn(x, ww, None, act))
     seq_idx = torch.zeros(1, 5, dtype=torch.int32)
-    for fn in (original, mq.causal_conv1d_fn):
-        with pytest.raises(ValueError, match="packed sequences"):
-            fn(x, w, None, "silu", seq_idx=seq_idx)
+    if Version(transformers.__version__) >= Version("5.20"):
+        for fn in (original, mq.causal_conv1d_fn):
+            with pytest.raises(ValueError, match="packed sequences"):
+                fn(x, w, None, "silu", seq_idx=seq_idx)
+    else:
+        assert torch.equal(original(x, w, None, "silu", seq_idx=seq_idx),
+                           mq.causal_conv1d_fn(x, w, None, "silu", seq_idx=seq_idx))
     assert gtf.counters()["qwen3_next"]["causal_conv1d_fn"] == {"routed": 0, "fallback": len(cases) + 1}
 
 
@@ -197,11 +203,30 @@ def test_patch_unpatch_and_context_restore_the_originals():
     assert not gtf.is_patched()
 
 
-def test_version_outside_the_pinned_range_is_refused(monkeypatch):
-    monkeypatch.setattr(transformers, "__version__", "5.22.0")
-    with pytest.raises(RuntimeError, match=r"found 5\.22\.0.*gdnconv\[transformers\]"):
+@pytest.mark.parametrize("version", ["5.18.2", "5.24.0"])
+def test_version_outside_the_supported_range_is_refused(monkeypatch, version):
+    monkeypatch.setattr(transformers, "__version__", version)
+    with pytest.raises(RuntimeError, match=rf"supports transformers >=5\.19\.0,<5\.24, found {version}: "
+                                           r'pip install "transformers>=5\.19\.0,<5\.24".*"\.\[transformers\]"'):
         gtf.patch()
     assert not gtf.is_patched()
+
+
+def test_an_architecture_the_installed_transformers_lacks_is_named(monkeypatch):
+    """An architecture newer than the installed transformers (as lfm3 and inkling2 are for 5.19-5.22):
+    patch() names it and the release that added it, and patches nothing."""
+    monkeypatch.setattr(gtf, "ARCHITECTURES", tuple(a for a in gtf.ARCHITECTURES if a != "lfm3"))
+    with pytest.raises(ValueError, match=r"lacks lfm3 \(added in transformers 5\.23\)"):
+        gtf.patch(["qwen3_next", "lfm3"])
+    assert not gtf.is_patched()
+
+
+def test_import_without_transformers_names_the_extra():
+    r = run_python("import sys; sys.modules['transformers'] = None\n"
+                   "try:\n    import gdnconv.transformers\nexcept ImportError as e:\n    print(e)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("gdnconv.transformers needs torch and transformers") and \
+        'pip install ".[transformers]"' in r.stdout, r.stdout
 
 
 def test_import_gdnconv_imports_neither_torch_nor_transformers():

@@ -6,7 +6,8 @@ decoding. ``conv_update_multi`` follows vLLM's ``causal_conv1d_update``, and
 The kernel (``avx512bf16``, ``avx512``, ``avx2`` or the portable ``scalar``) is chosen
 once at import: the best one this CPU supports, or the one named by the ``GDNCONV_ISA``
 environment variable. ``gdnconv.reference`` is the float64 definition of the op,
-``gdnconv.testing`` the accepted error, ``gdnconv simulate`` the main job.
+``gdnconv.testing`` the accepted error, ``gdnconv simulate`` the main job. Inside a function
+that ``torch.compile`` traces, the calls on tensors trace as the ``gdnconv::`` torch ops.
 """
 import os as _os
 
@@ -45,3 +46,7 @@ def _select_isa_from_env():
 
 
 _select_isa_from_env()
+
+from . import _compile  # noqa: E402
+
+_compile.watch()   # torch.compile traces the plain calls on tensors as the gdnconv:: ops (never imports torch)

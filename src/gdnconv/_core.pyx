@@ -37,6 +37,10 @@ Design:
 - ``conv_state`` and ``out`` are never copied. ``x`` is copied only when its
   channels are not contiguous and ``out`` is not ``x`` (so the SIMD path applies).
 - The GIL is released around the kernel; threads start only inside it (threads.c).
+- ``conv_update_multi`` and ``conv_prefill`` are plain C functions (``binding(False)``,
+  the signature in the clinic format ``inspect.signature`` reads): ``torch.compile``
+  can substitute the registered ops for a C function, not for a Cython one
+  (``gdnconv._compile``), and the call costs no more.
   A forked child runs every call on its calling thread (``gdn_fork_guard_init``).
 """
 import os
@@ -44,6 +48,7 @@ import sys
 
 import numpy as np
 
+cimport cython
 cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_GetContext, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetContext
 from cpython.ref cimport PyObject

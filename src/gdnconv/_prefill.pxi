@@ -202,6 +202,10 @@ cdef int _prefill_params(_Prefill c, bint has_bias, bint has_idx, bint zero_skip
     return 0
 
 
+# a C function with an inspectable signature: torch.compile traces it as the gdnconv:: op (gdnconv._compile)
+@cython.binding(False)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")
 def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
                  cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None, num_threads=None):
     """Causal conv1d over whole prompts (prefill), seeding each request's conv state.

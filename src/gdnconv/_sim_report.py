@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from gdnconv.timing import BUSY_PCT
+from gdnconv.timing import busy_note, busy_warning
 
 
 def _si(v):
@@ -20,7 +20,7 @@ def format_report(r):
     lines = [
         f"gdnconv simulate: preset {c['preset']} (D={c['dim']}, W={c['width']}, state_len={c['state_len']}), "
         f"{c['dtype']}, isa {c['isa']}, threads {c['threads']}"
-        f"{' (default: fewer while they stall)' if c.get('threads_adaptive') else ''}",
+        f"{' (the default: fewer for a while when a thread waits for a CPU)' if c.get('threads_adaptive') else ''}",
         f"  batch {c['batch']} positions, drafts 0..{c['drafts']} per request, accept rate {c['accept_rate']:.2f}, "
         f"{c['slots']} slots, {c['steps']} steps, seed {c['seed']}",
         f"  {w['requests']} requests ({w['slot_resets']} slot resets), {w['live_tokens']} tokens "
@@ -28,7 +28,7 @@ def format_report(r):
         f"{100 * w['pad_fraction']:.1f}% pad entries",
         f"timing     : {r['conditions']}",
         f"gdnconv    : {_si(g['tokens_per_s'])} tokens/s, step median {g['median_us']:.1f} us, "
-        f"p99 {g['p99_us']:.1f} us, {g['gb_per_s']:.1f} GB/s (kernel call only){_busy(g['others_pct'])}",
+        f"p99 {g['p99_us']:.1f} us, {g['gb_per_s']:.1f} GB/s (kernel call only){busy_note(g['others_pct'])}",
     ]
     pf = r.get("prefill")
     if pf is not None:
@@ -36,16 +36,17 @@ def format_report(r):
                      f"{pf['calls']} conv_prefill calls (prompts of 1..{c['prompt_len']}), "
                      f"call median {pf['median_us']:.1f} us")
     if g.get("team_slow_calls") or g.get("team_capped_calls"):
-        lines.append(f"threads    : {g['team_slow_calls']} team call(s) slower than one thread (a thread started "
-                     f"late); team halved {g['team_reductions']} time(s); {g['team_capped_calls']} of "
-                     f"{c['steps'] + (pf['calls'] if pf else 0)} timed calls ran on fewer threads "
-                     f"(gdnconv.thread_contention())")
+        calls = c["steps"] + (pf["calls"] if pf else 0)
+        lines.append(f"threads    : {g['team_slow_calls']} of {calls} timed calls were slower than on one thread "
+                     f"(one of their threads started late, waiting for a CPU); so {g['team_reductions']} times "
+                     f"gdnconv used half the threads for a while, and {g['team_capped_calls']} calls ran on fewer "
+                     f"than {c['threads']} threads (gdnconv.thread_contention())")
     cond = r["conditions"].split(":")[0]
     t = r["torch"]
     if t is not None:
         part = "" if t["replayed_steps"] == c["steps"] else f", first {t['replayed_steps']} of {c['steps']} steps"
         lines.append(f"torch loop : {_si(t['tokens_per_s'])} tokens/s, step median {t['median_us']:.1f} us, "
-                     f"p99 {t['p99_us']:.1f} us (same inputs replayed{part}){_busy(t['others_pct'])}")
+                     f"p99 {t['p99_us']:.1f} us (same inputs replayed{part}){busy_note(t['others_pct'])}")
         s = r["speedup"]
         lines.append(f"speed-up   : gdnconv is {s['total_time_ratio']:.1f}x faster "
                      f"({s['median_latency_ratio']:.1f}x on median step latency) over {s['steps']} steps, "
@@ -75,16 +76,8 @@ def format_report(r):
         lines.append("check      : disabled (--no-check)")
     lines.append(f"wall time  : {r['wall_s']:.1f} s" + (f" ({k['seconds']:.1f} s checking)" if k["enabled"] else ""))
     if r["busy_others_pct"]:
-        lines.append(f"WARNING: other processes used up to {r['busy_others_pct']:.0f}% of a CPU while this ran; "
-                     f"the timings and the speed-up are not trustworthy (run again on a quiet machine)")
+        lines.append(busy_warning(r["busy_others_pct"]))
     return "\n".join(lines)
-
-
-def _busy(pct):
-    """A note for a result line timed while other processes used more than BUSY_PCT % of a CPU."""
-    if pct is None or not pct > BUSY_PCT:
-        return ""
-    return f" [other processes: {pct:.0f}% of a CPU]"
 
 
 def finite_json(v):

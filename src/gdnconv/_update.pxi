@@ -192,6 +192,10 @@ cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bi
     return 0
 
 
+# a C function with an inspectable signature: torch.compile traces it as the gdnconv:: op (gdnconv._compile)
+@cython.binding(False)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")
 def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
                       num_accepted_tokens=None, conv_state_indices=None, query_start_loc=None,
                       pad_slot_id=-1, out=None, num_threads=None):

@@ -3,10 +3,13 @@
 Builds a model from a config of the installed transformers (no download: random weights,
 seeded), generates greedily with transformers' own conv update and again with
 ``gdnconv.transformers.patch()``, checks that the tokens agree, and prints decode tokens/s
-for both and the share of a decode step spent in the conv update. Needs the
-``transformers`` extra: ``pip install "gdnconv[transformers]"``.
+for both and the share of a decode step spent in the conv update; a busy machine (other
+processes using CPU time meanwhile) is flagged, as by ``gdnconv simulate``. Needs torch and
+transformers 5.19-5.23: ``pip install ".[transformers]"`` from a gdnconv checkout.
 """
 import time
+
+from gdnconv.timing import BUSY_PCT, CpuMeter, busy_note, busy_warning
 
 PRESETS = ("qwen3_next", "qwen3_5", "mamba2", "bamba", "lfm2")
 MORE = ("falcon_h1", "granitemoehybrid", "jamba", "nemotron_h", "zamba2", "kimi_linear")   # tiny_config has them too
@@ -112,17 +115,23 @@ def conv_states(cache):
 
 
 def add_arguments(p):
-    p.add_argument("--model", choices=PRESETS, default="qwen3_next", help="architecture of the random model")
-    p.add_argument("--hidden", type=int, default=1024, help="hidden size")
-    p.add_argument("--layers", type=int, default=4, help="layers (the last one attention where the model has it)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--prompt-len", type=int, default=16)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    """Add ``gdnconv generate``'s options to an argparse parser (every help text gives the default)."""
+    p.add_argument("--model", choices=PRESETS, default="qwen3_next",
+                   help="architecture of the random model (default: %(default)s)")
+    p.add_argument("--hidden", type=int, default=1024, help="hidden size (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=4,
+                   help="layers, the last one attention where the model has it (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=1, help="requests decoded together (default: %(default)s)")
+    p.add_argument("--prompt-len", type=int, default=16,
+                   help="prompt tokens per request, request i left-padded by 3*i mod this (default: %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=64,
+                   help="tokens generated per request, greedily (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompts (default: %(default)s)")
 
 
 def _timed(model, ids, mask, new_tokens, conv_ops):
-    """Greedy run; returns (output, decode seconds, seconds inside conv updates)."""
+    """Greedy run; returns (output, decode seconds, seconds inside conv updates, % of a CPU
+    other processes used meanwhile)."""
     spent = [0.0]
 
     def timed(fn):
@@ -137,18 +146,21 @@ def _timed(model, ids, mask, new_tokens, conv_ops):
     originals = {m: m.causal_conv1d_update for m in conv_ops}
     for m in conv_ops:
         m.causal_conv1d_update = timed(m.causal_conv1d_update)
+    meter = CpuMeter()
     try:
+        m0 = meter.mark()
         t0 = time.perf_counter()
         greedy(model, ids, mask, 1)             # prefill and first token
         t1 = time.perf_counter()
         spent[0] = 0.0
         out = greedy(model, ids, mask, new_tokens)
         t2 = time.perf_counter()
+        others = meter.others_pct(m0, meter.mark())
     finally:
         for m, f in originals.items():
             m.causal_conv1d_update = f
     decode = (t2 - t1) - (t1 - t0)              # the steps after the first token
-    return out, decode, spent[0]
+    return out, decode, spent[0], others
 
 
 def run(args):
@@ -156,7 +168,8 @@ def run(args):
         import torch
         import transformers  # noqa: F401
     except ImportError:
-        print('gdnconv generate needs transformers and torch: pip install "gdnconv[transformers]"')
+        print('gdnconv generate needs torch and transformers: pip install torch "transformers>=5.19,<5.24" '
+              '(from a gdnconv checkout: pip install ".[transformers]")')
         return 2
     import importlib
 
@@ -168,16 +181,19 @@ def run(args):
     print(f"gdnconv generate: random {args.model} (hidden {args.hidden}, {args.layers} layers), batch {args.batch}, "
           f"prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy, float32, torch threads "
           f"{torch.get_num_threads()}")
-    base, t_base, conv_base = _timed(model, ids, mask, args.new_tokens, [mod])
+    base, t_base, conv_base, busy_base = _timed(model, ids, mask, args.new_tokens, [mod])
     with gtf.patched([args.model]):
         gtf.reset_counters()
-        fast, t_fast, conv_fast = _timed(model, ids, mask, args.new_tokens, [mod])
+        fast, t_fast, conv_fast, busy_fast = _timed(model, ids, mask, args.new_tokens, [mod])
         count = gtf.counters()[args.model]["causal_conv1d_update"]
     same = torch.equal(base.sequences, fast.sequences)
     diff = (base.logits[-1] - fast.logits[-1]).abs().max().item()
-    for name, t, c in (("transformers", t_base, conv_base), ("gdnconv", t_fast, conv_fast)):
+    for name, t, c, busy in (("transformers", t_base, conv_base, busy_base), ("gdnconv", t_fast, conv_fast, busy_fast)):
         print(f"{name:13s}: {args.batch * steps / t:8.1f} decode tokens/s, conv update "
-              f"{100 * c / t:5.1f}% of the decode time ({1e6 * c / max(1, steps) :.0f} us per step)")
+              f"{100 * c / t:5.1f}% of the decode time ({1e6 * c / max(1, steps) :.0f} us per step){busy_note(busy)}")
     print(f"conv calls routed through gdnconv: {count['routed']}, fallbacks: {count['fallback']}")
     print(f"tokens {'identical' if same else 'DIFFER'}; last logits max |diff| {diff:.2e}")
+    busy = [p for p in (busy_base, busy_fast) if p > BUSY_PCT]
+    if busy:
+        print(busy_warning(max(busy)))
     return 0 if same and count["fallback"] == 0 else 1

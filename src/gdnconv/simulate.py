@@ -66,8 +66,8 @@ def numpy_dtype(name):
     """NumPy dtype for a --dtype name (bfloat16 is ml_dtypes.bfloat16)."""
     if name == "bfloat16":
         if ml_dtypes is None:
-            raise SystemExit('gdnconv simulate: bfloat16 needs the ml_dtypes package: pip install "gdnconv[sim]", '
-                             'or run with --dtype float32')
+            raise SystemExit('gdnconv simulate: bfloat16 needs the ml_dtypes package: pip install ml_dtypes '
+                             '(from a gdnconv checkout: pip install ".[sim]"), or run with --dtype float32')
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -253,7 +253,7 @@ def simulate(args):
     batch, drafts = args.batch, args.drafts
     num_slots = args.slots if args.slots is not None else 2 * batch
     state_len = width - 1 + drafts
-    mean_life = args.mean_life if args.mean_life is not None else max(4, min(64, steps // 8))
+    mean_life = args.mean_life if args.mean_life is not None else _mean_life(steps)
     threads = args.threads if args.threads is not None else gdnconv.get_num_threads()
     dtype = numpy_dtype(args.dtype)
     for name, value, ok, rule in (
@@ -390,13 +390,27 @@ def simulate(args):
     return result
 
 
+def _per_preset(value):
+    """'8192 for qwen3-next, ...': ``value(preset)`` for every preset, for the help texts."""
+    return ", ".join(f"{value(p)} for {name}" for name, p in PRESETS.items())
+
+
+def _mean_life(steps):
+    """The default --mean-life: steps / 8, within 4..64."""
+    return max(4, min(64, steps // 8))
+
+
 def add_arguments(parser):
-    """Add the simulator's options to an argparse parser."""
+    """Add the simulator's options to an argparse parser (every help text gives the default)."""
     parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-next",
                         help="model shape (default: %(default)s): "
                              + "; ".join(f"{k}: {v.about}" for k, v in PRESETS.items()))
-    parser.add_argument("--dim", type=int, default=None, help="override the preset's conv channels D")
-    parser.add_argument("--width", type=int, default=None, help="override the preset's kernel width W")
+    parser.add_argument("--dim", type=int, default=None,
+                        help="conv channels D (default: the preset's, "
+                             + _per_preset(lambda p: p.dim) + ")")
+    parser.add_argument("--width", type=int, default=None,
+                        help="kernel width W (default: the preset's, "
+                             + _per_preset(lambda p: p.width) + ")")
     parser.add_argument("--batch", type=int, default=16,
                         help="batch positions (fixed, CUDA-graph style; default: %(default)s)")
     parser.add_argument("--drafts", type=int, default=3,
@@ -407,27 +421,35 @@ def add_arguments(parser):
     parser.add_argument("--dtype", choices=DTYPES, default="bfloat16",
                         help="dtype of the inputs, weights, state and outputs (default: %(default)s; "
                              "bfloat16 needs ml_dtypes)")
-    parser.add_argument("--steps", type=int, default=None, help="decode steps (default: the preset's)")
-    parser.add_argument("--slots", type=int, default=None, help="conv-state slots in the pool (default: 2*batch)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="decode steps (default: the preset's, "
+                             + _per_preset(lambda p: p.steps) + ")")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="conv-state slots in the pool (default: 2 x --batch, 32 for the default batch)")
     parser.add_argument("--mean-life", type=int, default=None,
-                        help="mean request lifetime in steps (default: steps/8, within 4..64)")
+                        help="mean request lifetime in steps (default: steps / 8 within 4..64, "
+                             + _per_preset(lambda p: _mean_life(p.steps)) + ")")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the workload and the random data (default: %(default)s)")
     parser.add_argument("--prompt-len", type=int, default=128,
                         help="joining requests first prefill a prompt of 1..N tokens through conv_prefill "
-                             "(default %(default)s; 0: they start from a zeroed slot)")
-    parser.add_argument("--threads", type=int, default=None, help="kernel threads (default: gdnconv's default)")
+                             "(default: %(default)s; 0: they start from a zeroed slot)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help=f"kernel threads (default: gdnconv's, {gdnconv.get_num_threads()} on this machine, "
+                             f"fewer for a while when threads wait for a busy core)")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                         help="verify every output against the float64 reference (between timed steps, so the timed "
-                             "calls find cold caches)")
+                             "calls find cold caches; default: on)")
     parser.add_argument("--torch", action=argparse.BooleanOptionalAction, default=True,
-                        help="replay the workload through the per-request torch loop (when torch is installed)")
+                        help="replay the workload through the per-request torch loop when torch is installed "
+                             "(default: on)")
     parser.add_argument("--torch-steps", type=int, default=300,
                         help="replay at most this many (leading) steps through the torch loop "
                              "(default: %(default)s)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                        help="progress bar on stderr (tqdm; off when not a tty)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+                        help="progress bar on stderr (tqdm; never when stderr is not a terminal; default: on)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object instead of the report (default: the report)")
     return parser
 
 

@@ -9,7 +9,7 @@ import glob
 import os
 import time
 
-__all__ = ["last_level_cache_bytes", "CpuMeter", "wait_quiet", "BUSY_PCT"]
+__all__ = ["last_level_cache_bytes", "CpuMeter", "wait_quiet", "BUSY_PCT", "busy_note", "busy_warning"]
 
 BUSY_PCT = 20.0          # other processes above this % of one CPU: the timing is not trustworthy
 _FALLBACK_LLC = 32 << 20
@@ -82,3 +82,17 @@ def wait_quiet(max_s, threshold=15.0, window_s=0.25):
         pct = meter.others_pct(a, meter.mark())
         if pct < threshold or time.perf_counter() >= end:
             return pct
+
+
+def busy_note(pct):
+    """' [other processes: 150% of a CPU]' for a result timed while other processes used
+    more than BUSY_PCT % of a CPU, else ''."""
+    if pct is None or not pct > BUSY_PCT:
+        return ""
+    return f" [other processes: {pct:.0f}% of a CPU]"
+
+
+def busy_warning(pct):
+    """The report's closing line when other processes used ``pct`` % of a CPU meanwhile."""
+    return (f"WARNING: other processes used up to {pct:.0f}% of a CPU while this ran; the timings and the "
+            f"speed-up are not trustworthy (run again on a quiet machine)")

@@ -36,8 +36,9 @@ _ARGS = ("Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, str? act
 # Library.define + impl, not torch.library.custom_op: the same schema and fake, but the call
 # goes straight through the dispatcher (custom_op's Python wrapper cost ~15x the plain call).
 _lib = torch.library.Library("gdnconv", "DEF")
-_lib.define(f"conv_update_multi({_ARGS}) -> Tensor")
-_lib.define(f"conv_update_multi_out({_ARGS}, Tensor(b!) out) -> ()")
+# num_threads last, with a default: positional calls that end at pad_slot_id (or out) still match
+_lib.define(f"conv_update_multi({_ARGS}, int? num_threads=None) -> Tensor")
+_lib.define(f"conv_update_multi_out({_ARGS}, Tensor(b!) out, int? num_threads=None) -> ()")
 _PREFILL_ARGS = ("Tensor x, Tensor weight, Tensor? bias, str? activation, Tensor(a!)? conv_state, "
                  "Tensor? query_start_loc, Tensor? cache_indices, Tensor? has_initial_state, int pad_slot_id, "
                  "int? num_threads")
@@ -46,19 +47,20 @@ _lib.define(f"conv_prefill_out({_PREFILL_ARGS}, Tensor(b!) out) -> ()")
 
 
 def _op(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices, query_start_loc,
-        pad_slot_id):
+        pad_slot_id, num_threads=None):
     out = _core.conv_update_multi(x, conv_state, weight, bias, activation=activation,
                                   num_accepted_tokens=num_accepted_tokens,
                                   conv_state_indices=conv_state_indices,
-                                  query_start_loc=query_start_loc, pad_slot_id=pad_slot_id)
+                                  query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, num_threads=num_threads)
     return out if out.is_contiguous() else out.contiguous()
 
 
 def _op_out(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-            query_start_loc, pad_slot_id, out):
+            query_start_loc, pad_slot_id, out, num_threads=None):
     _core.conv_update_multi(x, conv_state, weight, bias, activation=activation,
                             num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
-                            query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=out)
+                            query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=out,
+                            num_threads=num_threads)
 
 
 def _prefill(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
@@ -97,7 +99,7 @@ def _one_device(op, **tensors):
 
 @torch.library.register_fake("gdnconv::conv_update_multi", lib=_lib)
 def _op_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-             query_start_loc, pad_slot_id):
+             query_start_loc, pad_slot_id, num_threads=None):
     _one_device("conv_update_multi", x=x, conv_state=conv_state, weight=weight, bias=bias,
                 num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                 query_start_loc=query_start_loc)
@@ -106,7 +108,7 @@ def _op_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_
 
 @torch.library.register_fake("gdnconv::conv_update_multi_out", lib=_lib)
 def _op_out_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-                 query_start_loc, pad_slot_id, out):
+                 query_start_loc, pad_slot_id, out, num_threads=None):
     _one_device("conv_update_multi_out", x=x, conv_state=conv_state, weight=weight, bias=bias,
                 num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                 query_start_loc=query_start_loc, out=out)
@@ -131,20 +133,20 @@ def _prefill_out_fake(x, weight, bias, activation, conv_state, query_start_loc, 
 
 
 def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu", num_accepted_tokens=None,
-                      conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
+                      conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None, num_threads=None):
     """``gdnconv.conv_update_multi`` through the registered torch ops (torch tensors only).
 
-    Same arguments, semantics and errors as ``gdnconv.conv_update_multi``; use this
-    one inside code that ``torch.compile`` traces. Returns ``out`` (a new tensor when
-    not given).
+    Same arguments, semantics and errors as ``gdnconv.conv_update_multi``; ``torch.compile``
+    traces a plain ``gdnconv.conv_update_multi`` call as this one. Returns ``out`` (a new
+    tensor when not given).
     """
     activation = _activation(activation)
     if out is None:
         return torch.ops.gdnconv.conv_update_multi(x, conv_state, weight, bias, activation,
                                                    num_accepted_tokens, conv_state_indices,
-                                                   query_start_loc, pad_slot_id)
+                                                   query_start_loc, pad_slot_id, num_threads)
     torch.ops.gdnconv.conv_update_multi_out(x, conv_state, weight, bias, activation, num_accepted_tokens,
-                                            conv_state_indices, query_start_loc, pad_slot_id, out)
+                                            conv_state_indices, query_start_loc, pad_slot_id, out, num_threads)
     return out
 
 
@@ -153,8 +155,8 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
     """``gdnconv.conv_prefill`` through the registered torch ops (torch tensors only).
 
     Same arguments, semantics and errors as ``gdnconv.conv_prefill`` (vLLM's
-    ``causal_conv1d_fn``); use this one inside code that ``torch.compile`` traces.
-    Returns ``out`` (a new contiguous tensor of ``x``'s shape when not given).
+    ``causal_conv1d_fn``); ``torch.compile`` traces a plain ``gdnconv.conv_prefill`` call as
+    this one. Returns ``out`` (a new contiguous tensor of ``x``'s shape when not given).
     """
     activation = _activation(activation)
     args = (x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,

@@ -15,7 +15,7 @@ columns themselves (``cache.update_conv_state``, which also writes the cache), s
 function holds no state. gdnconv computes it with ``conv_prefill`` on the ``(B, T, D)``
 view (no state) and returns the ``(B, D, T)`` view of the result. Calls with
 ``cu_seqlens`` or ``seq_idx`` (packed sequences) go to the original, which refuses them
-without the ``causal_conv1d`` package.
+without the ``causal_conv1d`` package (5.19's ignores them).
 
 transformers' convention (ref: ``causal_conv1d_update`` in e.g.
 transformers/models/qwen3_next/modeling_qwen3_next.py): ``hidden_states`` ``(B, D, T)``,
@@ -30,34 +30,44 @@ The state stays bit-identical to transformers' own.
 """
 import contextlib
 import importlib
+import importlib.util
 
-import torch
-import transformers
-from packaging.version import Version
+try:
+    import torch
+    import transformers
+except ImportError as e:
+    raise ImportError(f"gdnconv.transformers needs torch and transformers ({e}): from a gdnconv checkout, "
+                      f"pip install \".[transformers]\" (or pip install torch \"transformers>=5.19,<5.24\")") from e
+from packaging.specifiers import SpecifierSet
 
 import gdnconv as _g
 
 __all__ = ["patch", "unpatch", "patched", "is_patched", "counters", "reset_counters", "ARCHITECTURES",
            "SUPPORTED_TRANSFORMERS"]
 
-SUPPORTED_TRANSFORMERS = (">=5.23.0", "<5.24")   # the range the "transformers" extra pins
-# every transformers 5.23 model package whose modeling module defines causal_conv1d_update
-ARCHITECTURES = (
-    "bailing_hybrid", "bamba", "falcon_h1", "falcon_mamba", "glm5_next", "granitemoehybrid", "inkling",
-    "inkling2", "jamba", "kimi_linear", "lfm2", "lfm2_moe", "lfm3", "mamba", "mamba2", "nemotron_h",
-    "olmo_hybrid", "qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp", "zamba", "zamba2",
-)
+SUPPORTED_TRANSFORMERS = (">=5.19.0", "<5.24")   # the range the "transformers" extra accepts
+# every model package of transformers 5.19-5.23 whose modeling module defines causal_conv1d_update (and
+# causal_conv1d_fn, same signatures in every release of the range), with the first release of the range that has it
+_ADDED = {
+    "bailing_hybrid": "5.20", "bamba": "5.19", "falcon_h1": "5.19", "falcon_mamba": "5.19", "glm5_next": "5.19",
+    "granitemoehybrid": "5.19", "inkling": "5.19", "inkling2": "5.23", "jamba": "5.19", "kimi_linear": "5.19",
+    "lfm2": "5.19", "lfm2_moe": "5.19", "lfm3": "5.23", "mamba": "5.19", "mamba2": "5.19", "nemotron_h": "5.19",
+    "olmo_hybrid": "5.19", "qwen3_5": "5.19", "qwen3_5_moe": "5.19", "qwen3_next": "5.19", "qwen4_exp": "5.19",
+    "zamba": "5.19", "zamba2": "5.19",
+}
+# the ones the installed transformers has
+ARCHITECTURES = tuple(a for a in _ADDED if importlib.util.find_spec(f"transformers.models.{a}") is not None)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _originals = {}          # architecture -> {op: the module's original function}
 _counts = {}
 
 
 def _check_version():
-    v = Version(transformers.__version__)
-    if not (Version("5.23.0") <= v < Version("5.24")):
+    if transformers.__version__ not in SpecifierSet(",".join(SUPPORTED_TRANSFORMERS)):
         raise RuntimeError(
             f"gdnconv.transformers supports transformers {','.join(SUPPORTED_TRANSFORMERS)}, found "
-            f"{transformers.__version__}: install the pinned one with pip install \"gdnconv[transformers]\"")
+            f"{transformers.__version__}: pip install \"transformers{','.join(SUPPORTED_TRANSFORMERS)}\" "
+            f"(or, from a gdnconv checkout, pip install \".[transformers]\")")
 
 
 def _module(arch):
@@ -147,9 +157,13 @@ _ROUTES = {"causal_conv1d_update": (_update_routable, _update_run), "causal_conv
 def patch(architectures=None):
     """Route the conv ops of ``architectures`` (default: all of ``ARCHITECTURES``) through
     gdnconv. Idempotent. Raises RuntimeError outside the supported transformers range,
-    ValueError for an unknown architecture name."""
+    ValueError for an unknown architecture name or one the installed transformers lacks."""
     _check_version()
     archs = ARCHITECTURES if architectures is None else tuple(architectures)
+    missing = [f"{a} (added in transformers {_ADDED[a]})" for a in archs if a in _ADDED and a not in ARCHITECTURES]
+    if missing:
+        raise ValueError(f"transformers {transformers.__version__} lacks {', '.join(missing)}: upgrade "
+                         f"transformers or leave them out")
     unknown = [a for a in archs if a not in ARCHITECTURES]
     if unknown:
         raise ValueError(f"architectures {unknown} have no causal_conv1d_update gdnconv can route; "
