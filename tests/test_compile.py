@@ -122,3 +122,34 @@ def test_numpy_arrays_are_unaffected():
     x, state, w = np.ones((1, 1, 8), np.float32), np.zeros((1, 3, 8), np.float32), np.ones((8, 4), np.float32)
     out = gdnconv.conv_update_multi(x, state, w, activation=None)
     assert isinstance(out, np.ndarray) and (out == 1).all() and (state[0, 2] == 1).all()
+
+
+def test_vllm_functions_trace_with_the_eager_bits():
+    """gdnconv.vllm's functions (vLLM's order and conventions, a packed weight, a varlen spec step
+    with max_query_len) under torch.compile(fullgraph=True): the gdnconv:: ops in the graph, the
+    eager calls' bits in outputs and state."""
+    import gdnconv.vllm as gv
+
+    def serve(prompt, draft, qsl, nat, slots, cache, weight, bias):
+        y = gv.causal_conv1d_fn(prompt, weight, bias, cache, torch.tensor([0, 3, 7], dtype=torch.int32), slots,
+                                is_weight_packed=True)
+        z = gv.causal_conv1d_update(draft, cache, weight, bias, True, slots, nat, qsl, max_query_len=3,
+                                    is_weight_packed=True)
+        return y * 1, z * 1
+
+    g = torch.Generator().manual_seed(1)
+    D, W = 64, 4
+    w = torch.randn(D, W, generator=g).bfloat16()
+    args = [torch.randn(7, D, generator=g).bfloat16().T, torch.randn(5, D, generator=g).bfloat16(),
+            torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([1, 1], dtype=torch.int32),
+            torch.tensor([2, 0], dtype=torch.int32),
+            torch.zeros(4, W - 1 + 2, D, dtype=torch.bfloat16).transpose(1, 2),   # vLLM's (S, D, L) view
+            gv.pack_weight_like_vllm(w), torch.randn(D, generator=g).bfloat16()]
+    eager_args = [a.clone() if i != 5 else a.transpose(1, 2).clone().transpose(1, 2) for i, a in enumerate(args)]
+    backend, seen = _graph_targets()
+    got = torch.compile(serve, fullgraph=True, backend=backend)(*args)
+    want = serve(*eager_args)
+    assert any("gdnconv.conv_prefill" in t for t in seen) and any("gdnconv.conv_update_multi" in t for t in seen), seen
+    for a, b in zip(got, want):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert torch.equal(args[5].contiguous().view(torch.int16), eager_args[5].contiguous().view(torch.int16))

@@ -27,7 +27,7 @@ def run(checkpoints, kind, *, plugin=True, shadow=False, spec=0, tp=1, tokens=TO
            "--tokens", str(tokens), "--prompts", str(prompts)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-6000:]
-    result = json.loads(p.stdout.strip().splitlines()[-1])
+    result = json.loads([line for line in p.stdout.splitlines() if line.startswith('{"tokens"')][-1])
     print(kind, f"plugin={plugin} shadow={shadow} spec={spec} tp={tp}:", f"{result['tokens_per_s']:.1f} tokens/s,",
           "conv share", result["conv_share"], "counters", result["workers"])
     return result

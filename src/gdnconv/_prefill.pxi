@@ -282,6 +282,10 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
                     has_initial_state, pad_slot_id, out, num_threads)
 
 
+# a C function with an inspectable signature, traced as gdnconv.vllm._prefill_vllm_traced (gdnconv._compile)
+@cython.binding(False)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")
 def _conv_prefill_vllm(x, weight, bias=None, *, activation=None, conv_state=None, query_start_loc=None,
                        cache_indices=None, has_initial_state=None, pad_slot_id=-1):
     """conv_prefill on tensors in vLLM's order (gdnconv.vllm): x (D, N), conv_state (S, D, L);

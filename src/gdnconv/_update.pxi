@@ -271,6 +271,10 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
                    query_start_loc, pad_slot_id, out, num_threads)
 
 
+# a C function with an inspectable signature, traced as gdnconv.vllm._update_vllm_traced (gdnconv._compile)
+@cython.binding(False)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")
 def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
                       conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
     """conv_update_multi on tensors in vLLM's order (gdnconv.vllm): conv_state (S, D, L), a 3-D

@@ -32,7 +32,7 @@ import weakref
 import torch
 
 import gdnconv as _g
-from gdnconv import _core
+from gdnconv import _compile, _core
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "unpack_weight", "pack_weight_like_vllm",
            "counters", "reset_counters", "NULL_BLOCK_ID", "PAD_SLOT_ID"]
@@ -126,6 +126,8 @@ def _plain_weight(weight):
     """unpack_weight(weight), computed once per weight tensor while it lives, its memory stays
     and its version counter does not move (an inference tensor, which has none, is unpacked
     on every call)."""
+    if torch.compiler.is_compiling():          # traced: a few torch ops, no cache
+        return unpack_weight(weight)
     key = id(weight)
     hit = _unpacked.get(key)
     version = _version(weight)
@@ -238,7 +240,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
             raise ValueError("conv_state_indices is required with query_start_loc (varlen x), as in vLLM")
         if x.dim() != 2:
             raise ValueError(f"x must be (num_tokens, dim) with query_start_loc, got shape {tuple(x.shape)}")
-        if max_query_len != -1 and isinstance(query_start_loc, torch.Tensor) and query_start_loc.numel() > 1:
+        if (max_query_len != -1 and isinstance(query_start_loc, torch.Tensor) and query_start_loc.numel() > 1
+                and not torch.compiler.is_compiling()):      # reads values: not while tracing
             longest = int((query_start_loc[1:] - query_start_loc[:-1]).max())
             if longest > max_query_len:
                 raise ValueError(f"max_query_len = {max_query_len} is smaller than the longest request "
@@ -335,3 +338,32 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
                                    cache_indices=indices, has_initial_state=_first(has_initial_state, B),
                                    pad_slot_id=pad_slot_id)
     return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+# ---- torch.compile: the vLLM-order core entries trace as the gdnconv:: ops on gdnconv-order views ----
+
+def _tokens(t):
+    return t.transpose(1, 2) if t.dim() == 3 else t
+
+
+def _update_vllm_traced(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
+                        conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
+    """``_core._conv_update_vllm`` as ``torch.compile`` traces it (views are free in a graph)."""
+    res = _g.conv_update_multi(_tokens(x), conv_state.transpose(1, 2), weight, bias, activation=activation,
+                               num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
+                               query_start_loc=query_start_loc, pad_slot_id=pad_slot_id,
+                               out=None if out is None else _tokens(out))
+    return _tokens(res) if out is None else out
+
+
+def _prefill_vllm_traced(x, weight, bias=None, *, activation=None, conv_state=None, query_start_loc=None,
+                         cache_indices=None, has_initial_state=None, pad_slot_id=-1):
+    """``_core._conv_prefill_vllm`` as ``torch.compile`` traces it."""
+    return _g.conv_prefill(x.T, weight, bias, activation=activation,
+                           conv_state=None if conv_state is None else conv_state.transpose(1, 2),
+                           query_start_loc=query_start_loc, cache_indices=cache_indices,
+                           has_initial_state=has_initial_state, pad_slot_id=pad_slot_id).T
+
+
+_compile.substitute(_core._conv_update_vllm, _update_vllm_traced)
+_compile.substitute(_core._conv_prefill_vllm, _prefill_vllm_traced)
