@@ -68,13 +68,14 @@ def cases(D, B):
     # prefill: B prompts of 4 tokens, x (D, N) as vLLM passes it
     N = 4 * B
     xp = torch.randn(N, D, generator=g).bfloat16()
+    xpt = xp.T                 # vLLM's (D, N) view, which vLLM makes itself before the call
     qsl = torch.arange(0, N + 1, 4, dtype=torch.int32)
     init = torch.ones(B, dtype=torch.bool)
     out["prefill 4 tok"] = dict(
         core=lambda: gdnconv.conv_prefill(xp, w, b, activation="silu", conv_state=st, query_start_loc=qsl,
                                           cache_indices=idx, has_initial_state=init),
-        vllm=lambda: gv.causal_conv1d_fn(xp.T, w, b, stv, qsl, idx, init, "silu"),
-        drop_in=(lambda: vp._prefill_op(x=xp.T, weight=packed, bias=b, conv_states=stv, query_start_loc=qsl,
+        vllm=lambda: gv.causal_conv1d_fn(xpt, w, b, stv, qsl, idx, init, "silu"),
+        drop_in=(lambda: vp._prefill_op(x=xpt, weight=packed, bias=b, conv_states=stv, query_start_loc=qsl,
                                         cache_indices=idx, has_initial_state=init, silu_activation=True,
                                         is_weight_packed=True)) if packed is not None else None)
     return out
