@@ -40,6 +40,10 @@ def _stock_functions(calls):
         calls.append("conv.update")
         return "stock"
 
+    def causal_conv1d_update_torch(x, conv_state, weight, bias=None, activation=None):
+        calls.append("conv.update_torch")
+        return "stock"
+
     def causal_conv1d_fn_cpu(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
                              has_initial_state=None, activation="silu", pad_slot_id=-1, **kwargs):
         calls.append("conv.prefill")
@@ -63,7 +67,7 @@ def fake_vllm(monkeypatch):
         setattr(gdn, name, fns[name])
     gdn.causal_conv1d_update_cpu = fns["causal_conv1d_update_cpu"]      # bound by name, as in vLLM
     gdn.causal_conv1d_torch = fns["causal_conv1d_fn_cpu"]
-    for name in ("causal_conv1d_update_cpu", "causal_conv1d_fn_cpu"):
+    for name in ("causal_conv1d_update_cpu", "causal_conv1d_update_torch", "causal_conv1d_fn_cpu"):
         setattr(cpu, name, fns[name])
     mixer = types.ModuleType("vllm.model_executor.layers.mamba.mamba_mixer2")
     mixer.causal_conv1d_fn = fns["causal_conv1d_fn_cpu"]
@@ -273,3 +277,20 @@ def test_cpp_op_drop_ins_match_vllms_ops(mode, storage):
     assert_bits_equal(b.transpose(1, 2).contiguous(), a.transpose(1, 2).contiguous(), "conv_states")
     np.testing.assert_allclose(as_np(og).astype(np.float64), as_np(ov).astype(np.float64), rtol=2 ** -7,
                                atol=2 ** -7)
+
+
+def test_update_torch_drop_in_rolls_the_batchs_own_states(fake_vllm):
+    """causal_conv1d_update_torch (ShortConv's aarch64 decode): x (B, D, T), the batch's gathered
+    (B, D, width - 1) states rolled in place, a new output; a wider state goes to vLLM's function."""
+    vp.register()
+    f = fake_vllm
+    cache, weight, bias, x = _tensors(5, B=2, T=3, S=2)
+    st = cache.clone()
+    out = f.cpu.causal_conv1d_update_torch(x.transpose(1, 2), st.transpose(1, 2), weight, bias, None)
+    ref_out, ref_state, mag = reference(as_np(x), as_np(cache), as_np(weight), as_np(bias), activation=None)
+    assert out.shape == (2, 64, 3)
+    assert_outputs_close(out.transpose(1, 2), ref_out, mag, silu=False)
+    assert_bits_equal(st, ref_state, "conv_state")
+    wide = torch.zeros(2, 64, 5, dtype=torch.bfloat16)
+    assert f.cpu.causal_conv1d_update_torch(x.transpose(1, 2), wide, weight, bias, None) == "stock"
+    assert gv.counters()["conv.update_torch"] == {"routed": 1, "fallback": 1}

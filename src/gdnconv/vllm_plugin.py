@@ -22,7 +22,8 @@ Design:
 - What vLLM's CPU backend runs where (0.32): on AVX512-BF16 and aarch64-BF16 CPUs the GDN layer
   calls ``_causal_conv1d_update_cpu`` / ``_causal_conv1d_fwd_cpu`` (C++ ops on packed weights);
   elsewhere, and for the Mamba/Mamba2 mixers, ShortConv and the Kimi and OLMo GDN layers,
-  ``causal_conv1d_update_cpu`` / ``causal_conv1d_fn_cpu``; speculative decoding runs the conv
+  ``causal_conv1d_update_cpu`` / ``causal_conv1d_fn_cpu`` (ShortConv's decode on aarch64:
+  ``causal_conv1d_update_torch``); speculative decoding runs the conv
   of ``_spec_forward`` (a per-request torch loop except for equal lengths on AMX / aarch64-BF16).
 """
 import logging
@@ -82,6 +83,8 @@ ROUTES = (
     Route("conv.update", _CPU_CONV, "causal_conv1d_update_cpu",
           ("x", "conv_state", "weight", "bias", "activation", "conv_state_indices", "query_start_loc",
            "pad_slot_id", "kwargs"), "_update_cpu", (("conv_state",), ())),
+    Route("conv.update_torch", _CPU_CONV, "causal_conv1d_update_torch",
+          ("x", "conv_state", "weight", "bias", "activation"), "_update_torch", (("conv_state",), ())),
     Route("conv.prefill", _CPU_CONV, "causal_conv1d_fn_cpu",
           ("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices", "has_initial_state",
            "activation", "pad_slot_id", "kwargs"), "_fn_cpu", (("conv_states",), ())),
@@ -148,6 +151,17 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
     return gv.causal_conv1d_update(x.clone(), conv_state, weight, bias, activation, conv_state_indices,
                                    kwargs.get("num_accepted_tokens"), query_start_loc,
                                    kwargs.get("max_query_len", -1), pad_slot_id=pad)
+
+
+def _update_torch(x, conv_state, weight, bias=None, activation=None):
+    """ops/cpu/causal_conv1d.causal_conv1d_update_torch (ShortConv's decode on aarch64): x
+    (B, D, T), conv_state the batch's own (B, D, width - 1) states, rolled in place; returns a
+    new (B, D, T) tensor. A longer state (the stock function rolls all of it) is not taken."""
+    gv = _gv or _vllm_adapters()
+    if conv_state.dim() != 3 or weight.dim() != 2 or conv_state.shape[-1] != weight.shape[-1] - 1:
+        raise ValueError(f"conv_state of shape {tuple(conv_state.shape)} is not (batch, dim, width - 1) "
+                         f"for weight {tuple(weight.shape)}")
+    return gv.causal_conv1d_update(x.clone(), conv_state, weight, bias, activation)
 
 
 def _fn_cpu(x, weight, bias, conv_states, query_start_loc, cache_indices=None, has_initial_state=None,
