@@ -124,20 +124,32 @@ def bits_t(t):
 
 
 @pytest.mark.parametrize("given_out", [False, True])
-def test_mixed_dtype_x_is_converted_like_vllm(given_out):
-    """x in float32 with a bf16 state: computed on x.to(bf16) as vLLM does, the result written
-    (as float32) into out, or into x itself when out is None, whatever the dtypes."""
+def test_x_of_another_float_dtype_than_the_state_is_refused(given_out):
+    """The update writes its result into x (or out) in place; computed in the state's dtype and
+    copied back, it would bypass the checks of what is written (overlaps, pad rows, storage):
+    x in float32 with a bf16 state is refused with the fix, and nothing is written."""
     conv_state, weight, bias, tokens = _tensors(2, "bf16", 2, 1, 16, 4, 3, 2, "SD")
     x = torch.randn(2, 16)
-    x0 = x.clone()
-    st = conv_state.clone()
+    x0, st0 = x.clone(), conv_state.clone()
     out = torch.full_like(x, 5.0) if given_out else None
-    res = gv.causal_conv1d_update(x, st, weight, bias, "silu", out=out)
-    assert res is (out if given_out else x) and res.dtype == torch.float32
-    assert torch.equal(x, x0) == given_out
-    st2 = conv_state.clone()
-    ref = gv.causal_conv1d_update(x0.bfloat16(), st2, weight, bias, "silu")
-    assert torch.equal(res, ref.float()) and torch.equal(bits_t(st), bits_t(st2))
+    with pytest.raises(TypeError, match=r"x dtype float32 differs from conv_state dtype bfloat16.*x.to\(conv_state"):
+        gv.causal_conv1d_update(x, conv_state, weight, bias, "silu", out=out)
+    assert torch.equal(x, x0) and torch.equal(bits_t(conv_state), bits_t(st0))
+    assert not given_out or torch.equal(out, torch.full_like(x, 5.0))
+
+
+def test_index_lists_follow_the_same_conventions():
+    """Lists and ndarrays as index arguments: null_block_id, the first B entries, column 0."""
+    conv_state, weight, bias, tokens = _tensors(3, "bf16", 2, 1, 16, 4, 3, 4, "SD")
+    x = tokens[:, 0].clone()
+    ref_st = conv_state.clone()
+    ref = gv.causal_conv1d_update(x.clone(), ref_st, weight, bias, "silu", torch.tensor([-1, 1], dtype=torch.int32))
+    for idx in ([0, 1], np.array([0, 1, 3], np.int32), [[0, 5], [1, 5]]):
+        st = conv_state.clone()
+        res = gv.causal_conv1d_update(x.clone(), st, weight, bias, "silu", idx, null_block_id=0)
+        assert torch.equal(bits_t(res), bits_t(ref)) and torch.equal(bits_t(st), bits_t(ref_st)), idx
+    with pytest.raises(TypeError, match="null_block_id must be an int"):
+        gv.causal_conv1d_update(x.clone(), conv_state, weight, bias, "silu", [0, 1], null_block_id="0")
 
 
 def test_index_arrays_longer_than_the_batch_use_their_first_entries():
@@ -174,8 +186,8 @@ def test_errors_name_the_callers_shapes():
 @pytest.mark.parametrize("mode", ["plain", "spec", "prefill"])
 def test_packed_weight_gives_the_plain_weights_bits(mode):
     """is_weight_packed=True: a weight in vLLM's packed layout (causal_conv1d_weight_pack, at load on
-    AVX512-BF16 hosts) gives the bits of its plain weight; the unpacked copy is remade when the
-    packed tensor is changed in place."""
+    AVX512-BF16 hosts) gives the bits of its plain weight, also after the packed tensor is changed
+    in place or through .data (no stale unpacked copy)."""
     B, D, W, T = 3, 64, 4, 3
     conv_state, weight, bias, tokens = _tensors(7, "bf16", B, T, D, W, W - 2 + T, 5, "SD")
     packed = gv.pack_weight_like_vllm(weight)
@@ -192,11 +204,14 @@ def test_packed_weight_gives_the_plain_weights_bits(mode):
         x = tokens.transpose(1, 2).clone() if mode == "spec" else tokens[:, 0].clone()
         return gv.causal_conv1d_update(x, st, w, bias, "silu", slots, nat, is_weight_packed=packed_flag)
 
-    for step in range(2):
+    for step in range(3):
         a, b = conv_state.clone(), conv_state.clone()
         ra, rb = call(weight, False, a), call(packed, True, b)
         assert torch.equal(bits_t(ra), bits_t(rb)) and torch.equal(bits_t(a), bits_t(b))
-        packed.mul_(-1)       # in place: the cached unpacked copy must not be reused
+        if step == 0:
+            packed.mul_(-1)       # in place
+        else:                     # as vLLM reloads a weight: through .data, the version counter unmoved
+            packed.data.copy_(gv.pack_weight_like_vllm(torch.randn(D, W).bfloat16()))
         weight = gv.unpack_weight(packed)
 
 
@@ -258,9 +273,9 @@ def test_refusals_write_nothing(case):
         args[1], match = conv_state[None], "conv_state must be a 3-D"
     elif case == "out_shape":
         kw["out"], match = torch.zeros(2, 16), r"out shape \(2, 16\) does not match x shape \(2, 16, 2\)"
-    elif case == "mixed_out":    # computed in bf16, written back: out is checked first
+    elif case == "mixed_out":
         conv_state = args[1] = conv_state.bfloat16()
-        kw["out"], match = torch.zeros(2, 16, 3), "out must be a tensor of x's shape"
+        kw["out"], match, err = torch.zeros(2, 16, 3), "x dtype float32 differs from conv_state dtype", TypeError
     elif case == "max_query_len_type":
         kw["max_query_len"], match, err = 2.0, "max_query_len must be an int", TypeError
     else:

@@ -294,3 +294,28 @@ def test_update_torch_drop_in_rolls_the_batchs_own_states(fake_vllm):
     wide = torch.zeros(2, 64, 5, dtype=torch.bfloat16)
     assert f.cpu.causal_conv1d_update_torch(x.transpose(1, 2), wide, weight, bias, None) == "stock"
     assert gv.counters()["conv.update_torch"] == {"routed": 1, "fallback": 1}
+
+
+def test_drop_ins_take_no_argument_they_would_ignore(fake_vllm):
+    """is_weight_packed reaches causal_conv1d_update_cpu's drop-in; an argument a drop-in does not
+    know goes to vLLM's own function (a fallback), never dropped; a padded request's rows of
+    _update_op's new output are zeros."""
+    vp.register()
+    f = fake_vllm
+    cache, weight, bias, x = _tensors(6)
+    slots = torch.tensor([4, 1, 2], dtype=torch.int32)
+    a, b = cache.clone(), cache.clone()
+    ra = f.cpu.causal_conv1d_update_cpu(x[:, 0], a.transpose(1, 2), weight, bias, "silu", slots, pad_slot_id=-1)
+    rb = f.cpu.causal_conv1d_update_cpu(x[:, 0], b.transpose(1, 2), gv.pack_weight_like_vllm(weight), bias,
+                                        "silu", slots, pad_slot_id=-1, is_weight_packed=True)
+    assert torch.equal(ra.view(torch.int16), rb.view(torch.int16)) and torch.equal(a, b)
+    assert f.cpu.causal_conv1d_update_cpu(x[:, 0], a.transpose(1, 2), weight, bias, "silu", slots,
+                                          bogus=1) == "stock"
+    assert f.cpu.causal_conv1d_fn_cpu(x[0].T, weight, bias, a.transpose(1, 2),
+                                      torch.tensor([0, 1], dtype=torch.int32), bogus=1) == "stock"
+    assert gv.counters()["conv.update"] == {"routed": 2, "fallback": 1}
+    out = f.gdn._causal_conv1d_update_cpu(x=x[:, 0], conv_states=cache.clone().transpose(1, 2), weight=weight,
+                                          bias=bias, silu_activation=True,
+                                          conv_state_indices=torch.tensor([4, -1, 2], dtype=torch.int32),
+                                          is_weight_packed=False)
+    assert not out[1].any(), "a padded request's rows are zeros"

@@ -18,17 +18,20 @@ Design:
   arrays longer than the batch: the first ``B`` entries are used (vLLM's kernels read so).
 - ``is_weight_packed=True``: the weight is in the layout vLLM's ``causal_conv1d_weight_pack``
   gives it at load on AVX512-BF16 and aarch64-BF16 hosts (see ``unpack_weight``); it is
-  unpacked once per weight tensor (cached while the tensor lives and is unchanged).
+  unpacked on every call (no copy is kept: ``param.data.copy_`` changes a weight without
+  moving its version counter, so a kept copy could go stale).
 - What vLLM returns: ``out`` in ``x``'s shape and dtype; with ``out=None`` the result is
-  written into ``x`` itself, as vLLM does, whatever ``x``'s dtype.
+  written into ``x`` itself, as vLLM does. The update refuses an ``x`` whose float dtype differs
+  from the state's (a result computed in the state's dtype and copied back would bypass the
+  checks of what is written); the prefill, which only reads ``x``, computes on
+  ``x.to(conv_state.dtype)`` as vLLM does.
 - The dtypes the core refuses are refused here with the core's messages: the only conversions
-  are vLLM's (``x`` to the state's float dtype) and fp16/bf16 weights widened to float32
-  (exact) when they differ from the state's dtype.
+  are the prefill's ``x`` above and fp16/bf16 weights widened to float32 (exact) when they
+  differ from the state's dtype.
 - Arguments gdnconv cannot honour yet (prefix-caching block indices) raise ValueError; none
   is ignored.
 """
-import weakref
-
+import numpy as np
 import torch
 
 import gdnconv as _g
@@ -112,33 +115,10 @@ def pack_weight_like_vllm(weight):
     return weight.reshape(D // _PACK_BLOCK, _PACK_BLOCK, 2, 2).permute(0, 2, 1, 3).reshape(D, 4).contiguous()
 
 
-_unpacked = {}    # id(packed tensor) -> (weakref, version, data_ptr, plain weight)
-
-
-def _version(t):
-    try:
-        return t._version
-    except RuntimeError:         # an inference tensor has no version counter
-        return None
-
-
 def _plain_weight(weight):
-    """unpack_weight(weight), computed once per weight tensor while it lives, its memory stays
-    and its version counter does not move (an inference tensor, which has none, is unpacked
-    on every call)."""
-    if torch.compiler.is_compiling():          # traced: a few torch ops, no cache
-        return unpack_weight(weight)
-    key = id(weight)
-    hit = _unpacked.get(key)
-    version = _version(weight)
-    if (hit is not None and hit[0]() is weight and version is not None and hit[1] == version
-            and hit[2] == weight.data_ptr()):
-        return hit[3]
-    plain = unpack_weight(weight)
-    if version is not None:
-        _unpacked[key] = (weakref.ref(weight, lambda _, k=key: _unpacked.pop(k, None)), version,
-                          weight.data_ptr(), plain)
-    return plain
+    """unpack_weight(weight), made on every call: a packed weight can change without its version
+    counter moving (``param.data.copy_`` when vLLM reloads weights), so no copy of it is kept."""
+    return unpack_weight(weight)
 
 
 def _weights(weight, bias, is_weight_packed, dtype):
@@ -156,13 +136,23 @@ def _weights(weight, bias, is_weight_packed, dtype):
 
 # ---- index conventions ----
 
+def _index(indices):
+    """An index argument as a tensor or ndarray (lists and tuples through NumPy; an empty one is
+    an empty int32 array), so that vLLM's conventions below apply to every form."""
+    if indices is None or isinstance(indices, (torch.Tensor, np.ndarray)):
+        return indices
+    a = np.asarray(indices)
+    return a.astype(np.int32) if a.size == 0 else a
+
+
 def _first(indices, B):
     """vLLM's reading of an index argument: column 0 of a (batch, k) block table, the first B
     entries of a longer array; anything else is passed on for the core to check."""
-    if isinstance(indices, torch.Tensor):
-        if indices.ndim == 2:
+    indices = _index(indices)
+    if indices is not None:
+        if indices.ndim == 2 and indices.shape[1] > 0:
             indices = indices[:, 0]
-        if indices.ndim == 1 and indices.numel() > B:
+        if indices.ndim == 1 and 0 <= B < indices.shape[0]:
             indices = indices[:B]
     return indices
 
@@ -170,15 +160,29 @@ def _first(indices, B):
 def _pads(indices, pad_slot_id, null_block_id):
     """One pad marker for the core: entries equal to null_block_id (when given and different)
     become pad_slot_id."""
-    if (null_block_id is not None and null_block_id != pad_slot_id and isinstance(indices, torch.Tensor)
-            and not indices.is_floating_point() and indices.dtype != torch.bool):
-        indices = indices.masked_fill(indices == null_block_id, pad_slot_id)
-    return indices
+    if null_block_id is None or null_block_id == pad_slot_id or indices is None:
+        return indices
+    if isinstance(null_block_id, bool) or not isinstance(null_block_id, (int, np.integer)):
+        raise TypeError(f"null_block_id must be an int or None, got {null_block_id!r}")
+    if isinstance(indices, torch.Tensor):
+        if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+            return indices                      # the core refuses it, naming the argument
+        return indices.masked_fill(indices == null_block_id, pad_slot_id)
+    if indices.dtype.kind not in "iu":
+        return indices
+    return np.where(indices == null_block_id, pad_slot_id, indices).astype(indices.dtype)
+
+
+def _batch(query_start_loc):
+    """B of a varlen call: query_start_loc's length - 1 (the core checks the rest)."""
+    q = query_start_loc if isinstance(query_start_loc, torch.Tensor) else _index(query_start_loc)
+    return (q.shape[0] if q.ndim == 1 else 0) - 1
 
 
 def _float_x(x, dtype):
-    """x in the state's dtype (vLLM computes on ``x.to(conv_state.dtype)``); dtypes the core
-    refuses are passed on unchanged for its message."""
+    """x in the state's dtype (vLLM computes on ``x.to(conv_state.dtype)``; the prefill's x is
+    only read, so a converted copy is safe); dtypes the core refuses are passed on unchanged for
+    its message."""
     if x.dtype != dtype and x.dtype in _FLOATS and dtype in _FLOATS:
         return x.to(dtype)
     return x
@@ -193,8 +197,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
 
     Args (vLLM's names, order and defaults, with the conventions of vLLM's CPU binding):
         x: ``(batch, dim)`` one token per request, ``(batch, dim, seqlen)``, or varlen
-            ``(num_tokens, dim)`` with ``query_start_loc``. float32/float16/bfloat16; computed
-            in ``conv_state``'s dtype, as vLLM does.
+            ``(num_tokens, dim)`` with ``query_start_loc``; ``conv_state``'s dtype (float32,
+            float16 or bfloat16: another is refused, as the result is written in place).
         conv_state: ``(num_cache_lines, dim, state_len)``, updated in place; vLLM's "SD"
             cache ``(S, L, D)`` passed as ``.transpose(-1, -2)`` is the fast layout, "DS"
             storage runs in place too.
@@ -209,7 +213,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
             ``width-2..`` the request's tokens, as vLLM's Triton kernel writes them).
         query_start_loc: ``(batch + 1,)`` offsets of each request's rows in a varlen ``x``.
         max_query_len: the longest request in a varlen call, or -1; refused when smaller
-            than a request's length (vLLM's kernel would drop that request's tokens).
+            than a request's length (vLLM's kernel would drop that request's tokens; not
+            checked while torch.compile traces, and gdnconv computes every token anyway).
         null_block_id: when given, slots equal to it are padding too (vLLM's Triton binding
             passes 0, "block 0 is the null block"); default None: slot 0 is live, as in
             vLLM's CPU binding.
@@ -240,34 +245,32 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
             raise ValueError("conv_state_indices is required with query_start_loc (varlen x), as in vLLM")
         if x.dim() != 2:
             raise ValueError(f"x must be (num_tokens, dim) with query_start_loc, got shape {tuple(x.shape)}")
-        if (max_query_len != -1 and isinstance(query_start_loc, torch.Tensor) and query_start_loc.numel() > 1
-                and not torch.compiler.is_compiling()):      # reads values: not while tracing
-            longest = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-            if longest > max_query_len:
-                raise ValueError(f"max_query_len = {max_query_len} is smaller than the longest request "
-                                 f"({longest} tokens); pass the true maximum or -1")
-        B = query_start_loc.shape[0] - 1 if isinstance(query_start_loc, torch.Tensor) else len(query_start_loc) - 1
+        B = _batch(query_start_loc)
+        if max_query_len != -1 and B > 0 and not torch.compiler.is_compiling():   # reads values
+            q = query_start_loc
+            q = (q.numpy(force=True) if isinstance(q, torch.Tensor) and not q.is_meta and q.dim() == 1
+                 and not (q.is_floating_point() or q.is_complex() or q.dtype == torch.bool) else _index(q))
+            if isinstance(q, np.ndarray) and q.ndim == 1 and q.dtype.kind in "iu":
+                longest = int((q[1:].astype(np.int64) - q[:-1]).max())
+                if longest > max_query_len:
+                    raise ValueError(f"max_query_len = {max_query_len} is smaller than the longest request "
+                                     f"({longest} tokens); pass the true maximum or -1")
     elif x.dim() in (2, 3):
         B = x.shape[0]
     else:
         raise ValueError(f"x must be (batch, dim), (batch, dim, seqlen) or (num_tokens, dim), "
                          f"got shape {tuple(x.shape)}")
     dtype = conv_state.dtype
+    if x.dtype != dtype and x.dtype in _FLOATS and dtype in _FLOATS:
+        raise TypeError(f"x dtype {str(x.dtype)[6:]} differs from conv_state dtype {str(dtype)[6:]}: the result is "
+                        f"written into x (or out) in place, and vLLM computes in conv_state's dtype; pass "
+                        f"x.to(conv_state.dtype), vLLM's own conversion, and use what the call returns")
     weight, bias = _weights(weight, bias, is_weight_packed, dtype)
     indices = _pads(_first(conv_state_indices, B), pad_slot_id, null_block_id)
-    num_accepted_tokens = _first(num_accepted_tokens, B)
-    target = x if out is None else out           # the core checks out's shape and dtype
-    xc = _float_x(x, dtype)
-    if xc is not x and out is not None and (not isinstance(out, torch.Tensor) or out.shape != x.shape
-                                            or out.dtype != x.dtype):
-        what = (tuple(out.shape), out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"out must be a tensor of x's shape {tuple(x.shape)} and dtype {x.dtype}, got {what}")
-    _core._conv_update_vllm(xc, conv_state, weight, bias, activation=activation,
-                            num_accepted_tokens=num_accepted_tokens, conv_state_indices=indices,
-                            query_start_loc=query_start_loc, pad_slot_id=pad_slot_id,
-                            out=target if xc is x else xc)
-    if xc is not x:                              # computed in the state's dtype, then written back
-        target.copy_(xc)
+    target = x if out is None else out           # the core checks out's shape, dtype and overlaps
+    _core._conv_update_vllm(x, conv_state, weight, bias, activation=activation,
+                            num_accepted_tokens=_first(num_accepted_tokens, B), conv_state_indices=indices,
+                            query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=target)
     return target
 
 
@@ -329,7 +332,7 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     if conv_states is not None and (not isinstance(conv_states, torch.Tensor) or conv_states.dim() != 3):
         shape = tuple(conv_states.shape) if isinstance(conv_states, torch.Tensor) else type(conv_states).__name__
         raise ValueError(f"conv_states must be a 3-D (num_cache_lines, dim, state_len) tensor, got {shape}")
-    B = query_start_loc.shape[0] - 1 if isinstance(query_start_loc, torch.Tensor) else len(query_start_loc) - 1
+    B = _batch(query_start_loc)
     dtype = x.dtype if conv_states is None else conv_states.dtype
     weight, bias = _weights(weight, bias, is_weight_packed, dtype)
     indices = _pads(_first(cache_indices, B), pad_slot_id, null_block_id)

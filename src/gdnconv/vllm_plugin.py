@@ -106,7 +106,7 @@ def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indi
     """gdn_attention._causal_conv1d_update_cpu: x (B, D) or (B, T, D) channels last, conv_states
     (S, D, L) in either storage, pad -1; returns a new tensor like x."""
     gv = _gv or _vllm_adapters()
-    out = gv.torch.empty_like(x)
+    out = gv.torch.zeros_like(x)        # rows of padded requests: zeros, as gdnconv's new outputs
     if x.dim() == 3:         # vLLM's C++ op takes (B, T, D); gdnconv.vllm reads vLLM's (B, D, T)
         gv.causal_conv1d_update(x.transpose(1, 2), conv_states, weight, bias, silu_activation, conv_state_indices,
                                 num_accepted_tokens, out=out.transpose(1, 2), is_weight_packed=is_weight_packed)
@@ -125,9 +125,19 @@ def _prefill_op(*, x, weight, bias, conv_states, query_start_loc, cache_indices,
 
 _UNTAKEN = ("block_idx_last_scheduled_token", "initial_state_idx", "block_idx_first_scheduled_token",
             "num_computed_tokens")
+# what vLLM 0.32's callers pass these functions through **kwargs (anything else: vLLM's function)
+_UPDATE_KW = {"num_accepted_tokens", "max_query_len", "null_block_id", "validate_data", "is_weight_packed",
+              "block_idx_last_scheduled_token", "initial_state_idx"}
+_FN_KW = {"metadata", "validate_data", "null_block_id", "block_idx_first_scheduled_token",
+          "block_idx_last_scheduled_token", "initial_state_idx", "num_computed_tokens", "block_size_to_align"}
 
 
-def _prefix_caching(kwargs):
+def _untaken(kwargs, known):
+    """Refuse (so that vLLM's own function takes the call) keyword arguments gdnconv does not
+    take: prefix caching's block indices, and any it does not know."""
+    unknown = set(kwargs) - known
+    if unknown:
+        raise ValueError(f"unknown arguments {sorted(unknown)}")
     for name in _UNTAKEN:
         if kwargs.get(name) is not None:
             raise ValueError(f"{name} (prefix caching) is not taken by gdnconv yet")
@@ -143,14 +153,17 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
     Speculative arguments the stock function drops (num_accepted_tokens, max_query_len) are
     honoured as vLLM's Triton kernel defines them."""
     gv = _gv or _vllm_adapters()
-    _prefix_caching(kwargs)
+    _untaken(kwargs, _UPDATE_KW)
     pad = pad_slot_id
     if pad is None:
         pad = kwargs.get("null_block_id")
         pad = gv.NULL_BLOCK_ID if pad is None else pad
-    return gv.causal_conv1d_update(x.clone(), conv_state, weight, bias, activation, conv_state_indices,
-                                   kwargs.get("num_accepted_tokens"), query_start_loc,
-                                   kwargs.get("max_query_len", -1), pad_slot_id=pad)
+    xc = x.to(conv_state.dtype, copy=True)    # vLLM computes on x.to(conv_state.dtype)
+    res = gv.causal_conv1d_update(xc, conv_state, weight, bias, activation, conv_state_indices,
+                                  kwargs.get("num_accepted_tokens"), query_start_loc,
+                                  kwargs.get("max_query_len", -1), pad_slot_id=pad,
+                                  is_weight_packed=kwargs.get("is_weight_packed", False))
+    return res if res.dtype == x.dtype else res.to(x.dtype)
 
 
 def _update_torch(x, conv_state, weight, bias=None, activation=None):
@@ -161,13 +174,14 @@ def _update_torch(x, conv_state, weight, bias=None, activation=None):
     if conv_state.dim() != 3 or weight.dim() != 2 or conv_state.shape[-1] != weight.shape[-1] - 1:
         raise ValueError(f"conv_state of shape {tuple(conv_state.shape)} is not (batch, dim, width - 1) "
                          f"for weight {tuple(weight.shape)}")
-    return gv.causal_conv1d_update(x.clone(), conv_state, weight, bias, activation)
+    return gv.causal_conv1d_update(x.to(conv_state.dtype, copy=True), conv_state, weight, bias, activation)
 
 
 def _fn_cpu(x, weight, bias, conv_states, query_start_loc, cache_indices=None, has_initial_state=None,
             activation="silu", pad_slot_id=-1, **kwargs):
-    """ops/cpu/causal_conv1d.causal_conv1d_fn_cpu: pad_slot_id marks padding (slot 0 live)."""
-    _prefix_caching(kwargs)
+    """ops/cpu/causal_conv1d.causal_conv1d_fn_cpu: pad_slot_id marks padding (slot 0 live; the
+    stock function reads no null_block_id, nor does this one)."""
+    _untaken(kwargs, _FN_KW)
     return (_gv or _vllm_adapters()).causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                                activation, pad_slot_id)
 
