@@ -187,7 +187,7 @@ def test_errors_name_the_callers_shapes():
 def test_packed_weight_gives_the_plain_weights_bits(mode):
     """is_weight_packed=True: a weight in vLLM's packed layout (causal_conv1d_weight_pack, at load on
     AVX512-BF16 hosts) gives the bits of its plain weight, also after the packed tensor is changed
-    in place or through .data (no stale unpacked copy)."""
+    in place (the kept unpacked copy is remade) or through .data (after forget_packed_weights())."""
     B, D, W, T = 3, 64, 4, 3
     conv_state, weight, bias, tokens = _tensors(7, "bf16", B, T, D, W, W - 2 + T, 5, "SD")
     packed = gv.pack_weight_like_vllm(weight)
@@ -210,8 +210,9 @@ def test_packed_weight_gives_the_plain_weights_bits(mode):
         assert torch.equal(bits_t(ra), bits_t(rb)) and torch.equal(bits_t(a), bits_t(b))
         if step == 0:
             packed.mul_(-1)       # in place
-        else:                     # as vLLM reloads a weight: through .data, the version counter unmoved
+        else:                     # through .data, the version counter unmoved: forget_packed_weights()
             packed.data.copy_(gv.pack_weight_like_vllm(torch.randn(D, W).bfloat16()))
+            gv.forget_packed_weights()
         weight = gv.unpack_weight(packed)
 
 

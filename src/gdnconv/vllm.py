@@ -18,8 +18,9 @@ Design:
   arrays longer than the batch: the first ``B`` entries are used (vLLM's kernels read so).
 - ``is_weight_packed=True``: the weight is in the layout vLLM's ``causal_conv1d_weight_pack``
   gives it at load on AVX512-BF16 and aarch64-BF16 hosts (see ``unpack_weight``); it is
-  unpacked on every call (no copy is kept: ``param.data.copy_`` changes a weight without
-  moving its version counter, so a kept copy could go stale).
+  unpacked once per weight tensor, the copy remade when the tensor's memory or version counter
+  changes. Writes the version counter does not see (through ``.data``, ``.numpy()``, DLPack)
+  need ``forget_packed_weights()``; vLLM's own packing assigns ``.data``, which is seen.
 - What vLLM returns: ``out`` in ``x``'s shape and dtype; with ``out=None`` the result is
   written into ``x`` itself, as vLLM does. The update refuses an ``x`` whose float dtype differs
   from the state's (a result computed in the state's dtype and copied back would bypass the
@@ -31,6 +32,8 @@ Design:
 - Arguments gdnconv cannot honour yet (prefix-caching block indices) raise ValueError; none
   is ignored.
 """
+import weakref
+
 import numpy as np
 import torch
 
@@ -38,7 +41,7 @@ import gdnconv as _g
 from gdnconv import _compile, _core
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update", "unpack_weight", "pack_weight_like_vllm",
-           "counters", "reset_counters", "NULL_BLOCK_ID", "PAD_SLOT_ID"]
+           "forget_packed_weights", "counters", "reset_counters", "NULL_BLOCK_ID", "PAD_SLOT_ID"]
 
 # vllm.v1.attention.backends.utils
 PAD_SLOT_ID = -1
@@ -115,10 +118,42 @@ def pack_weight_like_vllm(weight):
     return weight.reshape(D // _PACK_BLOCK, _PACK_BLOCK, 2, 2).permute(0, 2, 1, 3).reshape(D, 4).contiguous()
 
 
+_unpacked = {}    # id(packed tensor) -> (weakref, version, data_ptr, plain weight)
+
+
+def forget_packed_weights():
+    """Drop every unpacked copy kept for ``is_weight_packed=True`` weights (see ``unpack_weight``):
+    needed only after a packed weight's values were changed where its version counter does not
+    see it (through ``.data``, ``.numpy()`` or DLPack), e.g. a weight reload that writes a
+    packed tensor in place; a new tensor, or ``.data = ...``, is seen by itself."""
+    _unpacked.clear()
+
+
+def _version(t):
+    try:
+        return t._version
+    except RuntimeError:         # an inference tensor has no version counter
+        return None
+
+
 def _plain_weight(weight):
-    """unpack_weight(weight), made on every call: a packed weight can change without its version
-    counter moving (``param.data.copy_`` when vLLM reloads weights), so no copy of it is kept."""
-    return unpack_weight(weight)
+    """unpack_weight(weight), made once per weight tensor while it lives, keeps its memory and
+    its version counter does not move (unpacking takes ~180 us at D=8192 through torch ops, more
+    than a decode call); an inference tensor, which has no version counter, is unpacked on
+    every call, as is every call while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return unpack_weight(weight)
+    key = id(weight)
+    hit = _unpacked.get(key)
+    version = _version(weight)
+    if (hit is not None and hit[0]() is weight and version is not None and hit[1] == version
+            and hit[2] == weight.data_ptr()):
+        return hit[3]
+    plain = unpack_weight(weight)
+    if version is not None:
+        _unpacked[key] = (weakref.ref(weight, lambda _, k=key: _unpacked.pop(k, None)), version,
+                          weight.data_ptr(), plain)
+    return plain
 
 
 def _weights(weight, bias, is_weight_packed, dtype):
@@ -222,7 +257,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         validate_data: accepted; gdnconv always validates.
         out: tensor of ``x``'s shape and dtype; None: written into ``x``, as vLLM does.
         pad_slot_id: slots equal to it are skipped (default -1, vLLM's ``PAD_SLOT_ID``).
-        is_weight_packed: True when ``weight`` is in vLLM's packed layout (``unpack_weight``).
+        is_weight_packed: True when ``weight`` is in vLLM's packed layout (``unpack_weight``;
+            the unpacked copy is kept per weight tensor: ``forget_packed_weights``).
 
     Returns ``out`` (``x`` when not given), in ``x``'s shape and dtype.
 
