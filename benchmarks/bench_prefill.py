@@ -75,6 +75,24 @@ class Layer:
         self.nbytes = int(gdnconv.prefill_bytes_moved(self.x, self.w, **self.kw))
         self.wpack = ops.causal_conv1d_weight_pack(self.w) if ops is not None else None
 
+    def gdn_numpy(self):
+        """gdnconv.conv_prefill on NumPy views of the same memory, a new out per call."""
+        import ml_dtypes
+
+        import gdnconv
+        torch = self.torch
+        view = lambda t: t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 \
+            else t.numpy()
+        x, w, kw = view(self.x), view(self.w), {k: view(v) for k, v in self.kw.items()}
+        return lambda: gdnconv.conv_prefill(x, w, **kw)
+
+    def gdn_vllm(self):
+        """gdnconv through ``gdnconv.vllm.causal_conv1d_fn`` with vLLM's views (x (D, N), state (S, D, L))."""
+        import gdnconv.vllm as gv
+        x, w, st, k = self.x.T, self.w, self.state.transpose(1, 2), self.kw
+        return lambda: gv.causal_conv1d_fn(x, w, None, st, k["query_start_loc"], k["cache_indices"],
+                                           k["has_initial_state"], activation="silu", pad_slot_id=-1)
+
     def vllm(self):
         k = self.kw
         return self.ops.causal_conv1d_fwd_cpu(self.x.T, self.wpack, None, self.state.transpose(1, 2),

@@ -106,22 +106,39 @@ class Peer:
         self.outt = as_torch(np.zeros_like(self.x))
         self.held_bytes = 3 * self.x.nbytes + self.state.nbytes + self.w.nbytes   # x, out, outt, state, weights
 
-    def vllm(self):
+    def vllm(self, plain=False):
+        """vLLM's op; ``plain``: plain decode, x (B, D) (T = 1), no num_accepted_tokens."""
         o, xt, st, wv, bt, silu, na, idx = self.ops, self.xt, self.st.transpose(1, 2), self.wv, self.bt, \
             self.silu, self.nat, self.idxt
+        if plain:
+            xt, na = xt[:, 0], None
         return lambda: o.causal_conv1d_update_cpu(xt, st, wv, bt, silu, na, idx, -1, True)
 
-    def gdn(self, tensors=False, out=False):
-        """gdnconv on the NumPy arrays, or on the torch tensors over the same memory."""
+    def gdn(self, tensors=False, out=False, plain=False):
+        """gdnconv on the NumPy arrays, or on the torch tensors over the same memory;
+        ``plain`` as in ``vllm``."""
         import gdnconv
         f, act = gdnconv.conv_update_multi, "silu" if self.silu else None
         if tensors:
             x, st, w, b, na, idx, o = self.xt, self.st, self.wgt, self.bgt, self.nat, self.idxt, self.outt
         else:
             x, st, w, b, na, idx, o = self.x, self.state, self.wg, self.bg, self.na, self.idx, self.out
+        if plain:
+            x, o, na = x[:, 0], o[:, 0], None
         if out:
             return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=o)
         return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
+
+    def gdn_vllm(self, plain=False):
+        """gdnconv through ``gdnconv.vllm.causal_conv1d_update`` with vLLM's views (x (B, D, T)
+        or (B, D), state (S, D, L), the raw (D, W) weight) and a preallocated out (so x
+        stays the same from call to call); ``plain`` as in ``vllm``."""
+        import gdnconv.vllm as gv
+        x, o = (self.xt[:, 0], self.outt[:, 0]) if plain else (self.xt.transpose(1, 2), self.outt.transpose(1, 2))
+        st, w, b, idx, na = self.st.transpose(1, 2), self.wt, self.bt, self.idxt, None if plain else self.nat
+        act = "silu" if self.silu else None
+        return lambda: gv.causal_conv1d_update(x, st, w, b, activation=act, conv_state_indices=idx,
+                                               num_accepted_tokens=na, out=o, pad_slot_id=-1)
 
 
 def _run_both(p):

@@ -7,7 +7,11 @@ other layers run and evict them. A benchmark therefore builds ``Rotation.layers(
 separate sets of arrays, together ``--cold-factor`` (4) times the last-level cache, and
 each call of a peer goes to the next set (``cycle``), so every call starts cold. Every
 peer (gdnconv, vLLM's kernel, the torch loop, the copy) gets the same rotation.
-``--warm`` uses one set: repeated calls on the same arrays, as earlier versions timed.
+``--layers N`` instead rotates through N sets (a model's N layers, as the issues' side
+by side runs did with 32), fewer where N of them would take more than ``--max-mib``;
+small layers then stay in a large last-level cache, as they would between two steps of
+such a model. ``--warm`` uses one set: repeated calls on the same arrays, as earlier
+versions timed.
 
     rotation = Rotation.from_args(args)
     n = rotation.layers(bytes_of_one_layer)
@@ -27,41 +31,57 @@ from gdnconv.timing import last_level_cache_bytes
 __all__ = ["Rotation", "add_mode_arguments", "cycle", "copy_same_bytes", "sample_ns", "calibrate", "stats"]
 
 
-def add_mode_arguments(parser):
-    """--warm and --cold-factor, the options of ``Rotation.from_args``."""
+def add_mode_arguments(parser, layers=0):
+    """--warm, --cold-factor, --layers and --max-mib, the options of ``Rotation.from_args``."""
     parser.add_argument("--warm", action="store_true",
                         help="repeated calls on the same arrays (data stays in the caches); default: engine-like "
                              "cold mode, every call on the next of enough layers' separate arrays that it starts cold")
     parser.add_argument("--cold-factor", type=float, default=4.0, metavar="F",
                         help="cold mode: the layers' arrays together hold F times the last-level cache "
                              "(default: %(default)s)")
+    parser.add_argument("--layers", type=int, default=layers, metavar="N",
+                        help="cold mode: rotate through N layers' arrays instead (a model's N layers), fewer where "
+                             "N layers would take more than --max-mib; 0: as many as --cold-factor asks "
+                             "(default: %(default)s)")
+    parser.add_argument("--max-mib", type=float, default=1024.0, metavar="M",
+                        help="with --layers: at most M MiB of layers per peer (default: %(default)s)")
     return parser
 
 
 class Rotation:
-    """How many layers' separate arrays each peer cycles through: one when ``warm``,
-    else enough that they hold ``factor`` times the last-level cache (at least 2)."""
+    """How many layers' separate arrays each peer cycles through: one when ``warm``;
+    ``fixed`` (> 0) when given, but no more than fit in ``max_bytes`` (at least 2); else
+    enough that they hold ``factor`` times the last-level cache (at least 2)."""
 
-    def __init__(self, warm=False, factor=4.0):
+    def __init__(self, warm=False, factor=4.0, fixed=0, max_bytes=1 << 30):
         if not warm and not factor > 0:
             raise SystemExit(f"--cold-factor must be > 0, got {factor}")
-        self.warm, self.factor = warm, factor
+        if fixed < 0 or not max_bytes > 0:
+            raise SystemExit(f"--layers must be >= 0 and --max-mib > 0, got {fixed} and {max_bytes / 2**20:g}")
+        self.warm, self.factor, self.fixed, self.max_bytes = warm, factor, fixed, max_bytes
         self.llc = last_level_cache_bytes()
 
     @classmethod
     def from_args(cls, args):
-        return cls(args.warm, args.cold_factor)
+        return cls(args.warm, args.cold_factor, getattr(args, "layers", 0),
+                   getattr(args, "max_mib", 1024.0) * 2**20)
 
     def layers(self, layer_bytes):
         """Sets of arrays to rotate through when one set takes ``layer_bytes``."""
         if self.warm:
             return 1
+        if self.fixed:
+            return max(2, min(self.fixed, int(self.max_bytes // max(int(layer_bytes), 1))))
         return max(2, math.ceil(self.factor * self.llc / max(int(layer_bytes), 1)))
 
     def describe(self):
         """One line saying which mode runs."""
         if self.warm:
             return "mode: warm (repeated calls on the same arrays, data in the caches)"
+        if self.fixed:
+            return (f"mode: engine-like, {self.fixed} layers (each call on the next layer's own state, x, out and "
+                    f"weights, fewer layers where {self.fixed} would take more than {self.max_bytes / 2**20:g} MiB; "
+                    f"last-level cache {self.llc / 2**20:.1f} MiB; --warm for repeated calls on the same arrays)")
         return (f"mode: engine-like cold (each call on the next layer's own state, x, out and weights; the layers "
                 f"together hold {self.factor:g}x the {self.llc / 2**20:.1f} MiB last-level cache; --warm for "
                 f"repeated calls on the same arrays)")

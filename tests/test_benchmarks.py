@@ -137,3 +137,22 @@ def test_bench_default_threads_stay_default_calls(monkeypatch, capsys, threads):
     assert bench.main(argv + ([] if threads is None else ["--threads", str(threads)])) == 0
     assert asked == ([] if threads is None else [threads, None])
     assert "threads: " in capsys.readouterr().out
+
+
+def test_rotation_of_fixed_layers_is_capped_by_memory():
+    fixed = harness.Rotation(fixed=32, max_bytes=100 << 20)
+    assert fixed.layers(1 << 20) == 32                  # 32 MiB of layers: all 32
+    assert fixed.layers(10 << 20) == 10                 # 320 MiB: as many as fit in 100 MiB
+    assert fixed.layers(1 << 30) == 2                   # never fewer than 2
+    assert harness.Rotation(warm=True, fixed=32).layers(1) == 1
+    assert "32 layers" in fixed.describe()
+    with pytest.raises(SystemExit, match="--layers"):
+        harness.Rotation(fixed=-1)
+
+
+def test_bench_grid_without_the_library_says_where_to_get_it():
+    code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_grid; "
+            f"sys.exit(bench_grid.main(['--lib', '/nonexistent/_C.abi3.so']))")
+    res = run_python(code)
+    assert res.returncode != 0
+    assert "library not found (/nonexistent/_C.abi3.so)" in res.stderr

@@ -9,6 +9,8 @@ typedef __m256 V;
 typedef __m256i R;  /* fp32 bits, or 8 x 16-bit in the low 128 bits */
 #define LANES 8
 
+#define SIMD_HINT_W _MM_HINT_T0   /* (prefetchw needs PRFCHW, which not every AVX2 CPU has) */
+
 GDN_INLINE R ld_raw(const char *p, int dt) {
     return dt == GDN_F32 ? _mm256_loadu_si256((const __m256i *)p)
                          : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p));

@@ -20,6 +20,8 @@ GDN_INLINE void st_raw(char *p, R v, int dt) {
     else _mm256_storeu_si256((__m256i *)p, _mm512_castsi512_si256(v));
 }
 
+#define SIMD_HINT_W _MM_HINT_ET0   /* prefetchw (every AVX-512 CPU has PRFCHW) */
+
 GDN_INLINE V to_f32(R v, int dt) {
     if (dt == GDN_F32) return _mm512_castsi512_ps(v);
     if (dt == GDN_F16) return _mm512_cvtph_ps(_mm512_castsi512_si256(v));

@@ -6,7 +6,7 @@
 #ifdef GDN_HAVE_X86_SIMD
 #include <immintrin.h>
 
-GDN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx,avx2,fma,f16c")
+GDN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx,avx2,fma,f16c,prfchw")
 
 #include "simd_avx512.h"
 #include "update_simd.h"

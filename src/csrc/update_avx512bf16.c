@@ -7,7 +7,7 @@
 #ifdef GDN_HAVE_X86_SIMD
 #include <immintrin.h>
 
-GDN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx,avx2,fma,f16c")
+GDN_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx,avx2,fma,f16c,prfchw")
 #define GDN_SIMD_BF16_NATIVE 1
 #include "simd_avx512.h"
 #include "update_simd.h"

@@ -31,6 +31,15 @@
 
 #include "simd_tokens.h"
 
+/* A/B switches of the cold-call measures (benchmarks/README.md): prefetch of the unit
+ * GDN_PF_AHEAD units ahead (0: none), one line in GDN_PF_EVERY bytes of each row. */
+#ifndef GDN_PF_AHEAD
+#define GDN_PF_AHEAD 1
+#endif
+#ifndef GDN_PF_EVERY
+#define GDN_PF_EVERY 64
+#endif
+
 /* bytes (a multiple of 64) from src to dst, raw, in ascending order (so dst < src
  * may overlap). The empty asm keeps the compiler from turning the loop into a
  * memcpy call (~14 calls of 512 bytes per request and block, where the profile
@@ -154,6 +163,53 @@ GDN_INLINE void state_out(char *st, int64_t sl, int64_t sd, int R, const char *b
         tc_save(st, sd, R, buf, bs, n, dt);
 }
 
+/* The rows of the unit GDN_PF_AHEAD units after request i's block at c0 (units are
+ * request-major, one request each), which simd_unit prefetches a line per row per
+ * line step, so that a cold call has the next unit's lines in flight while it
+ * computes this one: x and out rows of its first slab, and of a channel-contiguous
+ * state the rows it reads and those the speculative roll writes, of a time-contiguous
+ * one its whole block (as consecutive rows of the block's width). */
+#define GDN_PF_ROWS (2 * GDN_SLAB + 2 * GDN_MAX_WIDTH)
+typedef struct {
+    const char *row[GDN_PF_ROWS];
+    int nr, nw;   /* rows 0..nr-1 are read, nr..nr+nw-1 only written */
+} simd_next;
+
+GDN_INLINE void simd_next_rows(const gdn_update_params *p, int64_t i, int64_t c0, simd_next *nx) {
+    nx->nr = nx->nw = 0;
+#if GDN_PF_AHEAD > 0
+    const int64_t blocks = (p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS;
+    const int64_t u = i * blocks + c0 / GDN_BLOCK_CHANNELS + GDN_PF_AHEAD;
+    if (u >= p->batch * blocks) return;
+    const gdn_request r = gdn_get_request(p, u / blocks);
+    if (r.skip) return;
+    const int64_t e = gdn_elsize(p->dtype), c = (u % blocks) * GDN_BLOCK_CHANNELS;
+    const int64_t sd = p->state_stride_d, sl = p->state_stride_l * e;
+    const int H = p->width - 1, nt = r.T < GDN_SLAB ? (int)r.T : GDN_SLAB;
+    int n = 0;
+    for (int j = 0; j < nt; j++) nx->row[n++] = r.x + e * (c + j * p->x_stride_t);
+    if (sd == 1) {
+        for (int k = 0; k < H; k++) nx->row[n++] = r.state + e * c + (r.off + k) * sl;
+    } else {   /* the block's sd * GDN_BLOCK_CHANNELS elements as sd rows of GDN_BLOCK_CHANNELS */
+        for (int k = 0; k < sd && k < GDN_MAX_WIDTH + 1; k++) nx->row[n++] = r.state + e * (c * sd + k * GDN_BLOCK_CHANNELS);
+    }
+    nx->nr = n;
+    for (int j = 0; j < nt; j++) nx->row[n++] = r.out + e * (c + j * p->out_stride_t);
+    if (sd == 1 && p->num_accepted_tokens)   /* the roll's rows outside the window */
+        for (int k = 0; k < p->width - 2 + nt; k++)
+            if (k < r.off || k >= r.off + H) nx->row[n++] = r.state + e * c + k * sl;
+    nx->nw = n - nx->nr;
+#else
+    (void)p, (void)i, (void)c0;
+#endif
+}
+
+/* line (byte offset) o of every row of nx */
+GDN_INLINE void simd_prefetch(const simd_next *nx, int64_t o) {
+    for (int k = 0; k < nx->nr; k++) _mm_prefetch(nx->row[k] + o, _MM_HINT_T0);
+    for (int k = nx->nr; k < nx->nr + nx->nw; k++) _mm_prefetch(nx->row[k] + o, SIMD_HINT_W);
+}
+
 /* One (requests, channel block) unit for constant dtype, width and activation.
  *
  * Every row a request touches is staged through a small buffer, row by row: the
@@ -184,6 +240,8 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     for (int64_t i = r0; i < r1; i++) {
         const gdn_request r = gdn_get_request(p, i);
         if (r.skip) continue;
+        simd_next nx;
+        simd_next_rows(p, i, c0, &nx);
         char *st = r.state + e * c0 * sd;   /* row 0 at channel c0 */
         if (nline > 0) {
             state_in(buf, bs, st + r.off * sl, sl, sd, H, nline, p->dim - c0, p->dtype);
@@ -203,6 +261,7 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
                 char *os = r.out + e * c0 + t0 * ot;
                 for (int64_t c = 0; c < nline; c += step) {
                     V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
+                    if (t0 == 0 && (c * e) % GDN_PF_EVERY == 0) simd_prefetch(&nx, c * e);
 #pragma GCC unroll 4
                     for (int v = 0; v < NV; v++) {
                         b[v] = vload(brow + c + v * LANES);

