@@ -201,7 +201,8 @@ def _spec_forward(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_b
         raise ValueError(f"spec tokens {mixed_qkv_spec.shape[0]} != spec_query_start_loc[-1] = {int(qsl[-1])}")
     conv_out = torch.empty_like(mixed_qkv_spec)
     gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, gdn._unpacked_conv_weight(layer), layer.conv1d.bias,
-                            layer.activation == "silu", idx[:, 0].contiguous(), num_acc, qsl, out=conv_out)
+                            layer.activation == "silu", (idx[:, 0] if idx.dim() == 2 else idx).contiguous(),
+                            num_acc, qsl, out=conv_out)
     query, key, value = layer.rearrange_mixed_qkv(conv_out)
     return gdn.ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
         A_log=layer.A_log, dt_bias=layer.dt_bias, q=query.squeeze(0), k=key.squeeze(0), v=value.squeeze(0),
