@@ -74,10 +74,7 @@ def _time_conv_sites():
                 return _fn(*a, **k)
             finally:
                 spent[0] += time.perf_counter() - t
-        for m in [m for name, m in list(sys.modules.items()) if name.startswith("vllm") and m is not None]:
-            for attr, value in list(vars(m).items()):
-                if value is fn:
-                    setattr(m, attr, timed)
+        vp._replace(fn, timed)
     return spent
 
 

@@ -214,13 +214,16 @@ def _batch(query_start_loc):
     return (q.shape[0] if q.ndim == 1 else 0) - 1
 
 
+def _other_float(x, dtype):
+    """x is of a float dtype gdnconv takes, but not the state's (vLLM converts it)."""
+    return x.dtype != dtype and x.dtype in _FLOATS and dtype in _FLOATS
+
+
 def _float_x(x, dtype):
     """x in the state's dtype (vLLM computes on ``x.to(conv_state.dtype)``; the prefill's x is
     only read, so a converted copy is safe); dtypes the core refuses are passed on unchanged for
     its message."""
-    if x.dtype != dtype and x.dtype in _FLOATS and dtype in _FLOATS:
-        return x.to(dtype)
-    return x
+    return x.to(dtype) if _other_float(x, dtype) else x
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None,
@@ -297,7 +300,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         raise ValueError(f"x must be (batch, dim), (batch, dim, seqlen) or (num_tokens, dim), "
                          f"got shape {tuple(x.shape)}")
     dtype = conv_state.dtype
-    if x.dtype != dtype and x.dtype in _FLOATS and dtype in _FLOATS:
+    if _other_float(x, dtype):
         raise TypeError(f"x dtype {str(x.dtype)[6:]} differs from conv_state dtype {str(dtype)[6:]}: the result is "
                         f"written into x (or out) in place, and vLLM computes in conv_state's dtype; pass "
                         f"x.to(conv_state.dtype), vLLM's own conversion, and use what the call returns")

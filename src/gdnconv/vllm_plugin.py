@@ -239,7 +239,7 @@ def _wrap(route, stock, drop_in, shadow):
             return stock(*args, **kwargs)
         counts["routed"] += 1
         if shadow_run is not None:
-            _shadow_check(route, shadow_run, args, kwargs, result)
+            _shadow_check(route, stock, shadow_run, args, kwargs, result)
         return result
 
     routed.__wrapped__ = stock
@@ -266,10 +266,10 @@ def _shadow_stock(route, stock, args, kwargs):
     return stock(*cargs, **ckw), _bound(stock, cargs, ckw)
 
 
-def _shadow_check(route, shadow_run, args, kwargs, result):
+def _shadow_check(route, stock, shadow_run, args, kwargs, result):
     import torch
     stock_result, stock_args = shadow_run
-    ours = _bound(route_stock(route), args, kwargs)
+    ours = _bound(stock, args, kwargs)
     exact, close = route.compare
     for name in exact:
         a, b = ours[name], stock_args[name]
@@ -282,12 +282,13 @@ def _shadow_check(route, shadow_run, args, kwargs, result):
                                    msg=lambda m: f"gdnconv shadow: {route.site}: {name} differs from vLLM's: {m}")
 
 
-def route_stock(route):
-    """vLLM's own function for a route patched in this process."""
-    for row, stock in ((r, s) for r, _, s, _ in _registered):
-        if row is route:
-            return stock
-    raise KeyError(route.site)
+def _replace(old, new):
+    """Put ``new`` wherever an imported vLLM module holds ``old`` by name (its own module and the
+    ``from ... import`` copies of it)."""
+    for m in [m for name, m in list(sys.modules.items()) if name.startswith("vllm") and m is not None]:
+        for attr, value in list(vars(m).items()):
+            if value is old:
+                setattr(m, attr, new)
 
 
 def _stand_down(why, level=logging.WARNING):
@@ -328,11 +329,7 @@ def register():
         this = sys.modules[__name__]
         for route, module, stock in plan:
             wrapper = _wrap(route, stock, getattr(this, route.drop_in), shadow)
-            for m in [m for name, m in list(sys.modules.items()) if name.startswith("vllm") and m is not None]:
-                for attr, value in list(vars(m).items()):
-                    if value is stock:
-                        setattr(m, attr, wrapper)
-            setattr(module, route.attribute, wrapper)
+            _replace(stock, wrapper)
             _registered.append((route, module, stock, wrapper))
         import gdnconv
         _announce(f"gdnconv {gdnconv.__version__} routes vLLM {version}'s CPU conv (isa {gdnconv.active_isa()}"
@@ -346,8 +343,5 @@ def register():
 def _unpatch():
     """vLLM's own functions back wherever a wrapper of this process was put."""
     for _, module, stock, wrapper in _registered:
-        for m in [m for name, m in list(sys.modules.items()) if name.startswith("vllm") and m is not None]:
-            for attr, value in list(vars(m).items()):
-                if value is wrapper:
-                    setattr(m, attr, stock)
+        _replace(wrapper, stock)
     _registered.clear()
