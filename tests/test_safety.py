@@ -291,6 +291,47 @@ print(n, "OK")
 """
 
 
+SHRUNK_TO_NOTHING = """
+import torch, gdnconv
+D = 64
+n = 0
+for op in ("update", "prefill"):
+    for victim in ("indices", "num_accepted_tokens", "has_initial_state"):
+        if (op, victim) in (("update", "has_initial_state"), ("prefill", "num_accepted_tokens")):
+            continue
+        st = torch.full((64, 6, D), 0.5); before = st.clone(); out = torch.full((2, 1, D), 7.0)
+        a = dict(indices=torch.tensor([61, 62], dtype=torch.int32), num_accepted_tokens=torch.tensor([1, 1]),
+                 has_initial_state=torch.tensor([True, True]))
+        a[victim].untyped_storage().resize_(0)   # no memory: .numpy() would read freed memory
+        name = {"indices": "cache_indices" if op == "prefill" else "conv_state_indices"}.get(victim, victim)
+        try:
+            if op == "update":
+                gdnconv.conv_update_multi(torch.ones(2, 1, D), st, torch.ones(D, 4), out=out,
+                                          conv_state_indices=a["indices"], num_accepted_tokens=a[victim]
+                                          if victim == "num_accepted_tokens" else None)
+            else:
+                gdnconv.conv_prefill(torch.ones(2, 1, D), torch.ones(D, 4), conv_state=st, out=out,
+                                     cache_indices=a["indices"], has_initial_state=a[victim]
+                                     if victim == "has_initial_state" else None)
+        except ValueError as e:
+            assert str(e).startswith(name + " lies outside its storage: its elements span bytes 0.."), (op, str(e))
+            assert "of a storage of 0 bytes" in str(e), str(e)
+        else:
+            raise AssertionError(f"{op}: {victim} without storage accepted")
+        assert torch.equal(st, before) and torch.equal(out, torch.full((2, 1, D), 7.0)), (op, victim, "wrote")
+        n += 1
+print(n, "OK")
+"""
+
+
+def test_index_without_storage_is_refused():
+    """An index or flag tensor whose storage was shrunk to nothing has no pointer to read in
+    place, and its values were read through .numpy() past the storage (the conversion of
+    an int64 or bool tensor too): refused, naming the argument, with nothing written."""
+    pytest.importorskip("torch")
+    _ok(run_python(SHRUNK_TO_NOTHING, **UNMAP_FREED), "4 OK")
+
+
 def test_view_past_its_storage_is_refused():
     """Issue 24, fault 2: a tensor whose storage was shrunk (untyped_storage().resize_())
     no longer holds its view; torch refuses such a tensor, and so does each op, naming

@@ -18,13 +18,24 @@ cdef extern from "numpy/ndarraytypes.h":
 cdef extern from *:
     """
     /* DLPack's DLTensor (dlpack.h; this layout is stable since DLPack 0.2): the head
-     * of the DLManagedTensor that a "dltensor" capsule holds. */
+     * of every DLPack tensor. */
     typedef struct { int32_t device_type; int32_t device_id; } gdn_dl_device;
     typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } gdn_dl_dtype;
     typedef struct {
         void *data; gdn_dl_device device; int32_t ndim; gdn_dl_dtype dtype;
         int64_t *shape; int64_t *strides; uint64_t byte_offset;
     } gdn_dl_tensor;
+    /* The head of DLPack 1.2+'s DLPackExchangeAPI (dlpack.h), which torch publishes as
+     * the "dlpack_exchange_api" capsule torch.Tensor.__dlpack_c_exchange_api__: its
+     * dltensor_from_py_object_no_sync fills a DLTensor on the caller's stack, shape and
+     * strides pointing into the tensor, with no allocation and no Python-level call;
+     * 0 on success, -1 with a Python exception set (it throws no C++ exception). */
+    typedef int (*gdn_dl_from_py)(void *py_object, gdn_dl_tensor *out);
+    typedef struct {
+        uint32_t major; uint32_t minor; void *prev_api;
+        void *managed_tensor_allocator; void *managed_tensor_from_py_object_no_sync;
+        void *managed_tensor_to_py_object_no_sync; gdn_dl_from_py dltensor_from_py_object_no_sync;
+    } gdn_dl_exchange_api;
     """
     ctypedef struct gdn_dl_device:
         int32_t device_type
@@ -40,6 +51,11 @@ cdef extern from *:
         int64_t *shape
         int64_t *strides
         uint64_t byte_offset
+    ctypedef int (*gdn_dl_from_py)(void *py_object, gdn_dl_tensor *out)
+    ctypedef struct gdn_dl_exchange_api:
+        uint32_t major
+        uint32_t minor
+        gdn_dl_from_py dltensor_from_py_object_no_sync
 
 cdef enum:
     DL_INT = 0       # DLPack type codes and device
@@ -68,7 +84,7 @@ cdef object _torch = None          # the torch module, once it has been imported
 cdef object _tensor_type = None    # torch.Tensor
 cdef object _storage_type = None   # torch.UntypedStorage
 cdef dict _torch_dtypes = {}       # torch dtype -> gdn dtype code
-cdef object _to_dlpack = None      # torch.utils.dlpack.to_dlpack
+cdef gdn_dl_from_py _dl_from_py = NULL   # torch's DLPack exchange entry (see gdn_dl_exchange_api)
 
 
 cdef inline bint _is_tensor(object a):
@@ -76,7 +92,7 @@ cdef inline bint _is_tensor(object a):
     once: per argument, sys.modules (torch not imported) or torch.Tensor cost a D=64
     call with out= 0.93 -> 0.66 us from NumPy (1.10 -> 0.65 with torch imported) and
     2.95 -> 2.69 us from torch tensors."""
-    global _torch, _tensor_type, _storage_type, _to_dlpack
+    global _torch, _tensor_type, _storage_type, _dl_from_py
     if a is None or cnp.PyArray_Check(a):
         return False
     if _tensor_type is None:
@@ -85,30 +101,29 @@ cdef inline bint _is_tensor(object a):
             return False
         _torch = mod
         _torch_dtypes.update({mod.float32: GDN_F32, mod.float16: GDN_F16, mod.bfloat16: GDN_BF16})
-        _to_dlpack = getattr(getattr(getattr(mod, "utils", None), "dlpack", None), "to_dlpack", None)
+        api = getattr(mod.Tensor, "__dlpack_c_exchange_api__", None)
+        if api is not None and PyCapsule_IsValid(api, "dlpack_exchange_api"):
+            ex = <gdn_dl_exchange_api *>PyCapsule_GetPointer(api, "dlpack_exchange_api")
+            if ex.major == 1 and ex.minor >= 2:
+                _dl_from_py = ex.dltensor_from_py_object_no_sync
         _storage_type = mod.UntypedStorage
         _tensor_type = mod.Tensor
     return isinstance(a, _tensor_type)
 
 
-cdef object _dl_export(object a, gdn_dl_tensor **t):
-    """A CPU tensor's DLPack capsule, *t pointing into it (valid while the capsule
-    lives), read with one call where attributes take six (a call with six tensor
-    arguments measured 3.90 -> 3.38 us);
-    None where torch refuses the export (a tensor that requires grad), gives another
-    kind of capsule, or the tensor is not on the CPU: the attributes decide then."""
-    if _to_dlpack is None:
-        return None
-    try:
-        cap = _to_dlpack(a)
-    except Exception:
-        return None
-    if not PyCapsule_IsValid(cap, "dltensor"):
-        return None
-    t[0] = <gdn_dl_tensor *>PyCapsule_GetPointer(cap, "dltensor")
-    if t[0].device.device_type != DL_CPU or t[0].dtype.lanes != 1:
-        return None
-    return cap
+cdef bint _dl_read(object a, gdn_dl_tensor *t):
+    """Fill t from a CPU tensor through torch's DLPack exchange API: one C call (no
+    Python-level call, so no __torch_function__ override runs), where to_dlpack took
+    ~0.3 us and an allocation per tensor. False where torch cannot describe the tensor
+    (meta, sparse, nested: the exception is cleared), it is not on the CPU, or this
+    torch has no exchange API: the attributes decide then. t's shape and strides point
+    into the tensor: valid while it is held and not resized (copied into a View at once)."""
+    if _dl_from_py == NULL:
+        return False
+    if _dl_from_py(<void *>a, t) != 0:
+        PyErr_Clear()
+        return False
+    return t.device.device_type == DL_CPU and t.dtype.lanes == 1
 
 
 cdef int _numpy_dtype_code(cnp.ndarray a):
@@ -144,7 +159,7 @@ cdef object _view(object a, View *v, str name):
     cdef cnp.ndarray arr
     cdef int i
     cdef int64_t size
-    cdef gdn_dl_tensor *t
+    cdef gdn_dl_tensor t
     v.store = NULL
     if cnp.PyArray_Check(a):
         arr = <cnp.ndarray>a
@@ -170,8 +185,7 @@ cdef object _view(object a, View *v, str name):
             v.strides[i] = cnp.PyArray_STRIDES(arr)[i] // v.itemsize
     elif _is_tensor(a):
         owner = _storage(a)
-        cap = _dl_export(a, &t)
-        if cap is not None and t.ndim <= 3:
+        if _dl_read(a, &t) and t.ndim <= 3:
             v.ndim = t.ndim
             v.ptr = <char *>t.data + t.byte_offset
             v.itemsize = t.dtype.bits // 8 if t.dtype.bits >= 8 else 1
@@ -285,12 +299,12 @@ cdef object _storage(object a):
 
 cdef object _index_source(object a, str name, list keep):
     """An index argument as _index_array reads it without running any user code: None,
-    a NumPy array, or the DLPack capsule of a 1-D int32 unit-stride CPU tensor (read in
-    place: .numpy() costs ~0.7 us; its storage goes to keep and is the capsule's
-    context, for _in_storage). Everything that can run user code (``__array__``,
+    a NumPy array, or for a 1-D int32 unit-stride CPU tensor (read in place: .numpy()
+    costs ~0.7 us) the tuple (its storage, data address, length); the storage also goes
+    to keep, and _in_storage checks the view against it. Everything that can run user code (``__array__``,
     ``__len__``, torch methods) happens here, before the call takes any pointer. An
     empty sequence (a batch of none) is an empty int32 array."""
-    cdef gdn_dl_tensor *t
+    cdef gdn_dl_tensor t
     cdef uintptr_t ptr
     if a is None or cnp.PyArray_Check(a):
         return a
@@ -299,29 +313,39 @@ cdef object _index_source(object a, str name, list keep):
     if a.is_neg():   # torch's values are the negated memory
         a = a.resolve_neg()
     store = _storage(a)
-    cap = _dl_export(a, &t)
-    if (cap is not None and t.ndim == 1 and t.dtype.code == DL_INT and t.dtype.bits == 32 and
+    if (_dl_read(a, &t) and t.ndim == 1 and t.dtype.code == DL_INT and t.dtype.bits == 32 and
             (t.shape[0] <= 1 or t.strides == NULL or t.strides[0] == 1)):
         ptr = <uintptr_t>t.data + t.byte_offset
         if ptr % 4 == 0 and (ptr != 0 or t.shape[0] == 0) and type(store) is _storage_type:
             keep.append(store)
-            PyCapsule_SetContext(cap, <void *>store)
-            return cap
+            return (store, ptr, t.shape[0])
     if not a.is_cpu:
         raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
     if a.layout is not _torch.strided or getattr(a, "is_nested", False):
         raise TypeError(f"{name} must be a dense integer tensor (int32), got a {_layout_name(a)} tensor")
     if a.dtype.is_floating_point or a.dtype.is_complex or a.dtype is _torch.bool:
         raise TypeError(f"{name} must be an integer array (int32), got dtype {_dtype_name(a)}")
-    # a copy: an array sharing the tensor's memory would not keep it alive
-    # (force: a zero tensor has no memory to share)
+    return _tensor_copy(a, name)
+
+
+cdef object _tensor_copy(object a, str name):
+    """A NumPy copy of a CPU tensor's values (an array sharing its memory would not keep
+    it alive; force: a zero tensor has no memory to share); refused where the tensor lies
+    outside its storage (shrunk by untyped_storage().resize_()), which .numpy() would
+    read past."""
+    store = _storage(a)
+    if a.numel() and type(store) is _storage_type:
+        lo = a.storage_offset() * a.element_size()
+        hi = lo + (1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))) * a.element_size()
+        if hi > len(store):
+            _raise_outside_storage(name, lo, hi, len(store))
     return np.array(a.numpy(force=True))
 
 
 cdef int64_t _index_len(object src, str name) except -1:
     """Entries of a 1-D index source (see _index_source)."""
     if not cnp.PyArray_Check(src):
-        return (<gdn_dl_tensor *>PyCapsule_GetPointer(src, "dltensor")).shape[0]
+        return (<tuple>src)[2]
     if cnp.PyArray_NDIM(<cnp.ndarray>src) != 1:
         raise ValueError(f"{name} must be 1-D (B + 1,), got shape {src.shape}")
     return cnp.PyArray_DIMS(<cnp.ndarray>src)[0]
@@ -329,13 +353,13 @@ cdef int64_t _index_len(object src, str name) except -1:
 
 cdef object _index_array(object src, str name, int64_t n, View *v):
     """(n,) int32 view of an index source (see _index_source); returns the object that
-    owns the memory (the capsule, the source array or its int32 copy)."""
-    cdef gdn_dl_tensor *t
+    owns the memory (the source tuple, the source array or its int32 copy)."""
+    cdef uintptr_t ptr
     if not cnp.PyArray_Check(src):
-        t = <gdn_dl_tensor *>PyCapsule_GetPointer(src, "dltensor")
-        if t.shape[0] != n:
-            raise ValueError(f"{name} must have shape ({n},), got ({t.shape[0]},)")
-        return _int32_view(src, <char *>t.data + t.byte_offset, n, v, <PyObject *>PyCapsule_GetContext(src))
+        store, ptr, length = <tuple>src
+        if length != n:
+            raise ValueError(f"{name} must have shape ({n},), got ({length},)")
+        return _int32_view(src, <char *>ptr, n, v, <PyObject *>store)
     a = src
     cdef cnp.ndarray arr = <cnp.ndarray>a
     if cnp.PyArray_NDIM(arr) != 1 or cnp.PyArray_DIMS(arr)[0] != n:

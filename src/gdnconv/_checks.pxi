@@ -245,11 +245,15 @@ cdef int _in_storage(const View *v, str name) except -1:
     lo = <int64_t>vlo - base
     hi = <int64_t>vhi - base
     if lo < 0 or hi > nbytes:
-        raise ValueError(f"{name} lies outside its storage: its elements span bytes {lo}..{hi} of a "
-                         f"storage of {nbytes} bytes (shrunk by untyped_storage().resize_(), before the "
-                         f"call or by a __torch_function__ override during it?); torch refuses such a "
-                         f"tensor too: pass one whose storage holds it")
+        _raise_outside_storage(name, lo, hi, nbytes)
     return 0
+
+
+cdef int _raise_outside_storage(str name, int64_t lo, int64_t hi, int64_t nbytes) except -1:
+    raise ValueError(f"{name} lies outside its storage: its elements span bytes {lo}..{hi} of a "
+                     f"storage of {nbytes} bytes (shrunk by untyped_storage().resize_(), before the "
+                     f"call or by a __torch_function__ override during it?); torch refuses such a "
+                     f"tensor too: pass one whose storage holds it")
 
 
 cdef int _state_dims(const View *sv, object conv_state, int64_t D, bint vllm=False) except -1:

@@ -13,9 +13,8 @@ Design:
 - One extension module: the ISA choice and the thread settings live in C statics,
   so everything that calls the C core must share one copy of it.
 - Arrays are read as (pointer, shape, byte strides, dtype code) through the NumPy C
-  API, or for torch tensors through one ``torch.utils.dlpack.to_dlpack`` export
-  (``data_ptr()``/``stride()`` where torch refuses it, as for a tensor that
-  requires grad): NumPy cannot export ml_dtypes.bfloat16 through the buffer
+  API, or for torch tensors through one call of torch's DLPack exchange API
+  (``data_ptr()``/``stride()`` where torch cannot describe the tensor): NumPy cannot export ml_dtypes.bfloat16 through the buffer
   protocol and torch has none, so typed memoryviews are not used. torch is never
   imported here; a tensor is recognised only when the caller has imported torch
   already.
@@ -50,9 +49,10 @@ import numpy as np
 
 cimport cython
 cimport numpy as cnp
-from cpython.pycapsule cimport PyCapsule_GetContext, PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_SetContext
+from cpython.exc cimport PyErr_Clear
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.ref cimport PyObject
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
 from gdnconv._capi cimport *

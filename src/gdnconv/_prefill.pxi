@@ -29,7 +29,7 @@ cdef object _flag_source(object a, str name):
             raise ValueError(f"{name} must be a CPU tensor, got device {a.device}")
         if a.dtype.is_floating_point or a.dtype.is_complex:
             raise TypeError(f"{name} must be a bool or integer array, got dtype {_dtype_name(a)}")
-        a = a.numpy(force=True)
+        a = _tensor_copy(a, name)
     a = _sequence_array(a, np.bool_)
     if a.dtype.kind not in "biu":
         raise TypeError(f"{name} must be a bool or integer array, got dtype {a.dtype}")

@@ -162,6 +162,9 @@ def _weights(weight, bias, is_weight_packed, dtype):
     is passed on for the core to refuse with its own message."""
     if is_weight_packed:
         weight = _plain_weight(weight)
+    elif (isinstance(weight, torch.Tensor) and weight.dtype is dtype
+          and (bias is None or isinstance(bias, torch.Tensor) and bias.dtype is dtype)):
+        return weight, bias           # vLLM's usual call: no attribute read twice (~0.2 us)
     if isinstance(weight, torch.Tensor) and weight.dtype != dtype and weight.dtype in _FLOATS:
         weight = weight.float()
     if isinstance(bias, torch.Tensor) and bias.dtype != dtype and bias.dtype in _FLOATS:
@@ -185,9 +188,11 @@ def _first(indices, B):
     entries of a longer array; anything else is passed on for the core to check."""
     indices = _index(indices)
     if indices is not None:
-        if indices.ndim == 2 and indices.shape[1] > 0:
+        shape = indices.shape
+        if len(shape) == 2 and shape[1] > 0:
             indices = indices[:, 0]
-        if indices.ndim == 1 and 0 <= B < indices.shape[0]:
+            shape = indices.shape
+        if len(shape) == 1 and 0 <= B < shape[0]:
             indices = indices[:B]
     return indices
 
@@ -216,7 +221,8 @@ def _batch(query_start_loc):
 
 def _other_float(x, dtype):
     """x is of a float dtype gdnconv takes, but not the state's (vLLM converts it)."""
-    return x.dtype != dtype and x.dtype in _FLOATS and dtype in _FLOATS
+    xd = x.dtype
+    return xd is not dtype and xd in _FLOATS and dtype in _FLOATS
 
 
 def _float_x(x, dtype):
