@@ -288,6 +288,29 @@ def test_refusals_write_nothing(case):
     assert torch.equal(bits_t(conv_state), bits_t(before)) and torch.equal(tokens, x_before)
 
 
+@pytest.mark.parametrize("case", ["requires_grad", "inference", "self_overlap"])
+def test_a_refused_x_written_in_place_is_named_x(case):
+    """With out=None the result is written into x, as vLLM does: a refusal of the written
+    tensor names x (it named out, which the caller never passed), and nothing is written."""
+    conv_state, weight, bias, tokens = _tensors(3, "fp32", 2, 1, 16, 4, 3, 4, "SD")
+    x = tokens[:, 0].clone()
+    if case == "requires_grad":
+        x.requires_grad_(True)
+        match = r"^x requires grad; gdnconv writes it in place"
+    elif case == "inference":
+        with torch.inference_mode():
+            x = x.clone()
+        match = r"^x is an inference tensor"
+    else:
+        x = x[:, :1].expand(2, 16)
+        match = r"^x overlaps itself"
+    before, x_before = conv_state.clone(), x.detach().clone()
+    with pytest.raises(ValueError, match=match):
+        gv.causal_conv1d_update(x, conv_state, weight, bias, "silu",
+                                conv_state_indices=torch.tensor([1, 2], dtype=torch.int32))
+    assert torch.equal(bits_t(conv_state), bits_t(before)) and torch.equal(x.detach(), x_before)
+
+
 # ------------------------------------------------------------------ causal_conv1d_fn (prefill)
 
 def _prefill_reference(x_nd, state_sld, weight, bias, qsl, slots, init, activation, markers):

@@ -113,7 +113,7 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
     if out is not None:
         if not _same_shape(&c.ov, &c.xv):
             raise ValueError(f"out shape {tuple(out.shape)} does not match x shape {tuple(x.shape)}")
-        _written(&c.ov, out, "out")
+        _written(&c.ov, out, "x" if out is x else "out")   # (out=x: x is what is written)
         c.out_is_x = _same_view(&c.ov, &c.xv)
 
     # ---- index arrays

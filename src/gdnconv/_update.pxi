@@ -91,7 +91,7 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     if out is not None:
         if not _same_shape(&c.ov, &c.xv):
             raise ValueError(f"out shape {tuple(out.shape)} does not match x shape {tuple(x.shape)}")
-        _written(&c.ov, out, "out")
+        _written(&c.ov, out, "x" if out is x else "out")   # (out=x: x is what is written)
         c.out_is_x = _same_view(&c.ov, &c.xv)
 
     # ---- index arrays
@@ -108,7 +108,7 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     # read-only argument NumPy cannot decide within a bounded search is read from a copy)
     has_out = out is not None
     if has_out:
-        _refuse_shared(&c.ov, "out", &c.sv, "conv_state")
+        _refuse_shared(&c.ov, "x" if out is x else "out", &c.sv, "conv_state")
         if not c.out_is_x:
             _read_apart(c.keep, &c.xv, "x", &c.ov, "out", " without being out")
     _read_apart(c.keep, &c.xv, "x", &c.sv, "conv_state")
