@@ -185,3 +185,30 @@ def test_update_block_tables_against_vllms_triton_kernel(tri, spec):
     gv.causal_conv1d_update(xg, ours, weight, bias, "silu", table, nat, **kw)
     torch.testing.assert_close(xg, xt, rtol=1e-5, atol=1e-5)      # out=None: both write into x
     assert torch.equal(ours.view(torch.int32), cache.view(torch.int32)), "the whole cache, bit for bit"
+
+
+@pytest.mark.parametrize("T", [9, 5])
+def test_triton_snapshot_differs_where_documented(tri, T):
+    """Two cases docs/clients.md names, where gdnconv keeps the contract (test_prefix_cache.py
+    checks it against the reference): after 15 computed tokens a boundary is 1 token into the
+    chunk, so the snapshot needs 2 rows of the initial state; Triton's 9-token chunk reads them
+    from x before the chunk instead, and a 5-token chunk (one 8-token program) writes no snapshot
+    at all. If vLLM changes this, this test says so and the docs need updating."""
+    import torch
+
+    import gdnconv.vllm as gv
+
+    table, qsl, first, last, init, nct, cache, weight, bias, x = _setup(torch, [T, 20], [15, 16], 16, 40, 6)
+    ours, before = cache.clone(), cache.clone()
+    kw = dict(cache_indices=table, has_initial_state=torch.tensor([True, True]),
+              block_idx_first_scheduled_token=first, block_idx_last_scheduled_token=last, initial_state_idx=init,
+              num_computed_tokens=nct, block_size_to_align=K)
+    tri.causal_conv1d_fn(x.T, weight, bias, cache, qsl, metadata=_metadata(torch, qsl), null_block_id=None,
+                         pad_slot_id=-1, **kw)
+    gv.causal_conv1d_fn(x.T, weight, bias, ours, qsl, **kw)
+    snap = int(table[0, first[0]])
+    assert torch.equal(ours[snap, :, 2], x[0]) and torch.equal(ours[snap, :, :2], before[int(table[0, init[0]]), :, 1:3])
+    if T == 9:
+        assert not torch.equal(cache[snap], ours[snap]) and not torch.equal(cache[snap], before[snap])
+    else:
+        assert torch.equal(cache[snap], before[snap])
