@@ -12,7 +12,9 @@ samples (each after one untimed call) of
   extra    torch copy_ of (prefill_bytes_moved(cache) - prefill_bytes_moved(plain)) / 2 bytes:
            as many bytes read and written as the extra work must move ((W-1) rows of D per
            snapshot and per copied history)
-The claim (issue 27): cache - plain <= extra, up to noise. Cold engine-like rotation by
+The claim (issue 27): cache - plain <= extra, up to noise. ``diff`` is the median of the paired
+differences cache - plain of samples taken one after the other (steadier than the difference of
+the medians on a loaded machine), with its interquartile range. Cold engine-like rotation by
 default (benchmarks/harness.py; ``--warm`` for repeated calls on the same arrays).
 """
 import argparse
@@ -77,7 +79,9 @@ def time_shape(torch, B, T, k, args, rotation, rng):
     for _ in range(args.repeats):
         for p, f in peers.items():
             samples[p].append(sample_ns(f, calls[p]))
-    return probe, extra, n, {p: stats(v)[0] / 1e6 for p, v in samples.items()}
+    diffs = np.subtract(samples["cache"], samples["plain"]) / 1e6
+    q1, q3 = np.percentile(diffs, [25, 75])
+    return probe, extra, n, {p: stats(v)[0] / 1e6 for p, v in samples.items()}, (float(np.median(diffs)), q3 - q1)
 
 
 def main(argv=None):
@@ -100,13 +104,13 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     print(f"ms per call (medians of {args.repeats} interleaved samples), D = {args.D}, W = {W}, bf16, silu")
     print(f"{'B':>3} {'T':>6} {'k':>5} {'snaps':>5} {'MB':>7} {'+MB':>6} {'plain':>8} {'cache':>8} {'extra':>8}"
-          f"  (cache-plain)/extra")
+          f"  {'diff':>7} {'IQR':>6}  diff/extra")
     for s in args.shapes.split(","):
         B, T, k = (int(v) for v in s.split("x"))
-        probe, extra, n, m = time_shape(torch, B, T, k, args, rotation, rng)
+        probe, extra, n, m, (diff, iqr) = time_shape(torch, B, T, k, args, rotation, rng)
         print(f"{B:>3} {T:>6} {k:>5} {probe.snapshots:>5} {probe.nbytes['plain'] / 1e6:>7.1f} {extra / 1e6:>6.2f} "
-              f"{m['plain']:>8.3f} {m['cache']:>8.3f} {m['extra']:>8.3f}  {(m['cache'] - m['plain']) / m['extra']:>8.2f}"
-              f"   ({n} layer{'s' if n > 1 else ''})", flush=True)
+              f"{m['plain']:>8.3f} {m['cache']:>8.3f} {m['extra']:>8.3f}  {diff:>7.3f} {iqr:>6.3f}  "
+              f"{diff / m['extra']:>9.2f}   ({n} layer{'s' if n > 1 else ''})", flush=True)
     print(f"# load at the end {os.getloadavg()[0]:.2f}")
     return 0
 
