@@ -14,7 +14,8 @@ samples (each after one untimed call) of
            snapshot and per copied history)
 The claim (issue 27): cache - plain <= extra, up to noise. ``diff`` is the median of the paired
 differences cache - plain of samples taken one after the other (steadier than the difference of
-the medians on a loaded machine), with its interquartile range. Cold engine-like rotation by
+the medians on a loaded machine), with its interquartile range; ``mindiff`` the difference of
+the fastest samples (the least disturbed ones). Cold engine-like rotation by
 default (benchmarks/harness.py; ``--warm`` for repeated calls on the same arrays).
 """
 import argparse
@@ -76,12 +77,14 @@ def time_shape(torch, B, T, k, args, rotation, rng):
     }
     calls = {p: calibrate(f, args.sample_ms * 1e6)[0] for p, f in peers.items()}
     samples = {p: [] for p in peers}
-    for _ in range(args.repeats):
-        for p, f in peers.items():
-            samples[p].append(sample_ns(f, calls[p]))
+    for r in range(args.repeats):       # the order alternates: no peer always follows the same one
+        for p in (list(peers) if r % 2 else list(peers)[::-1]):
+            samples[p].append(sample_ns(peers[p], calls[p]))
     diffs = np.subtract(samples["cache"], samples["plain"]) / 1e6
     q1, q3 = np.percentile(diffs, [25, 75])
-    return probe, extra, n, {p: stats(v)[0] / 1e6 for p, v in samples.items()}, (float(np.median(diffs)), q3 - q1)
+    fastest = (min(samples["cache"]) - min(samples["plain"])) / 1e6
+    return probe, extra, n, {p: stats(v)[0] / 1e6 for p, v in samples.items()}, (float(np.median(diffs)), q3 - q1,
+                                                                                 fastest)
 
 
 def main(argv=None):
@@ -104,13 +107,13 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     print(f"ms per call (medians of {args.repeats} interleaved samples), D = {args.D}, W = {W}, bf16, silu")
     print(f"{'B':>3} {'T':>6} {'k':>5} {'snaps':>5} {'MB':>7} {'+MB':>6} {'plain':>8} {'cache':>8} {'extra':>8}"
-          f"  {'diff':>7} {'IQR':>6}  diff/extra")
+          f"  {'diff':>7} {'IQR':>6}  diff/extra  {'mindiff':>7}")
     for s in args.shapes.split(","):
         B, T, k = (int(v) for v in s.split("x"))
-        probe, extra, n, m, (diff, iqr) = time_shape(torch, B, T, k, args, rotation, rng)
+        probe, extra, n, m, (diff, iqr, fastest) = time_shape(torch, B, T, k, args, rotation, rng)
         print(f"{B:>3} {T:>6} {k:>5} {probe.snapshots:>5} {probe.nbytes['plain'] / 1e6:>7.1f} {extra / 1e6:>6.2f} "
               f"{m['plain']:>8.3f} {m['cache']:>8.3f} {m['extra']:>8.3f}  {diff:>7.3f} {iqr:>6.3f}  "
-              f"{diff / m['extra']:>9.2f}   ({n} layer{'s' if n > 1 else ''})", flush=True)
+              f"{diff / m['extra']:>9.2f}  {fastest:>7.3f}   ({n} layer{'s' if n > 1 else ''})", flush=True)
     print(f"# load at the end {os.getloadavg()[0]:.2f}")
     return 0
 
