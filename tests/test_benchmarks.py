@@ -72,6 +72,20 @@ def test_bench_prefill_smoke():
     assert len(row) == 1 and "nan" in row[0]   # vllm's column is empty
 
 
+def test_bench_prefix_smoke():
+    """bench_prefix.py (prefix caching's extra work against a copy of its extra bytes) runs end
+    to end on a tiny shape and prints its row."""
+    pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_prefix; "
+            f"sys.exit(bench_prefix.main(['--D', '64', '--shapes', '2x40x16', '--repeats', '1', '--sample-ms', '1', "
+            f"'--warm']))")
+    res = run_python(code, timeout=300)
+    assert res.returncode == 0, res.stderr
+    row = [line.split() for line in res.stdout.splitlines() if line.split()[:3] == ["2", "40", "16"]]
+    assert len(row) == 1 and row[0][3] == "4"     # 2 requests x 2 boundaries (after 8 computed: 8, 24)
+
+
 def test_bench_vllm_vec_without_the_library_says_where_to_get_it():
     code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_vllm_vec; "
             f"sys.exit(bench_vllm_vec.main(['--lib', '/nonexistent/_C_AVX512.abi3.so']))")

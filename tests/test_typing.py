@@ -68,7 +68,8 @@ def test_mypy_reveals_the_stub_signature(mypy_report):
     runtime = list(inspect.signature(gdnconv.conv_update_multi).parameters)
     assert names == runtime, (names, runtime)
     for part in ["*, activation: Literal['silu'] | Literal['swish'] | bool | None =",
-                 "pad_slot_id: int =", "out: None =", "num_threads: int | None =) -> _A"]:
+                 "pad_slot_id: int =", "out: None =", "num_threads: int | None =, initial_state_indices: ",
+                 "None =) -> _A"]:
         assert part in first, (part, first)
     assert "out: _A, num_threads" in sig  # a given out is returned as it is
     assert 'numpy.dtype[numpy.floating[numpy._typing._nbit_base._32Bit]]]"' in revealed[11], revealed[11]

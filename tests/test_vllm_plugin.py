@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import as_np, assert_bits_equal, reference
+from gdnconv.reference import conv_prefill_ref, prefill_magnitude
 from gdnconv.testing import assert_outputs_close
 
 torch = pytest.importorskip("torch")
@@ -168,7 +169,7 @@ def test_routed_calls_count_and_refusals_fall_back(fake_vllm, caplog):
     assert_outputs_close(out, ref_out, mag, silu=True)
     assert_bits_equal(cache, ref_state, "conv_state")
     assert f.calls == []
-    # prefix caching's block indices: not taken by gdnconv, handed to vLLM's own function
+    # half of prefix caching's block indices: refused by gdnconv, handed to vLLM's own function
     with caplog.at_level(logging.WARNING, logger="vllm.gdnconv"):
         for _ in range(2):
             res = f.cpu.causal_conv1d_fn_cpu(x[0].T, weight, bias, cache.transpose(1, 2),
@@ -177,8 +178,27 @@ def test_routed_calls_count_and_refusals_fall_back(fake_vllm, caplog):
             assert res == "stock"
     assert f.calls == ["conv.prefill", "conv.prefill"]
     assert sum("handed to vLLM's causal_conv1d_fn_cpu" in r.getMessage() for r in caplog.records) == 1
+    # the whole block table: routed (vLLM's CPU function cannot take it), with the Triton kernel's semantics
+    table = torch.tensor([[3, 5]], dtype=torch.int32)       # block 3: initial state, block 5: final state
+    st = cache.clone()
+    kw = dict(cache_indices=table, has_initial_state=torch.tensor([True]),
+              block_idx_first_scheduled_token=torch.tensor([1], dtype=torch.int32),
+              block_idx_last_scheduled_token=torch.tensor([1], dtype=torch.int32),
+              initial_state_idx=torch.tensor([0], dtype=torch.int32),
+              num_computed_tokens=torch.tensor([16], dtype=torch.int32), block_size_to_align=16)
+    qsl = torch.tensor([0, x.shape[1]], dtype=torch.int32)
+    res = f.cpu.causal_conv1d_fn_cpu(x[0].T, weight, bias, st.transpose(1, 2), qsl, **kw)
+    ref_out, ref_state = conv_prefill_ref(as_np(x[0]), as_np(weight), as_np(bias), conv_state=as_np(cache),
+                                          query_start_loc=qsl.numpy(), cache_indices=[5], has_initial_state=[True],
+                                          initial_state_indices=[3])
+    assert_outputs_close(res.T, ref_out, prefill_magnitude(as_np(x[0]), as_np(weight), as_np(bias),
+                                                           conv_state=as_np(cache), query_start_loc=qsl.numpy(),
+                                                           cache_indices=[5], has_initial_state=[True],
+                                                           initial_state_indices=[3]), silu=True)
+    assert_bits_equal(st, ref_state, "conv_state")
+    assert f.calls == ["conv.prefill", "conv.prefill"]
     c = gv.counters()
-    assert c["gdn.decode"] == {"routed": 1, "fallback": 0} and c["conv.prefill"] == {"routed": 0, "fallback": 2}
+    assert c["gdn.decode"] == {"routed": 1, "fallback": 0} and c["conv.prefill"] == {"routed": 1, "fallback": 2}
     gv.reset_counters()
     assert all(v == {"routed": 0, "fallback": 0} for v in gv.counters().values())
 

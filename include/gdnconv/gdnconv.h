@@ -31,7 +31,16 @@ enum {
     GDN_ERR_QSL_START = 5,
     GDN_ERR_QSL_ORDER = 6,
     GDN_ERR_QSL_END = 7,
-    GDN_ERR_NO_MEMORY = 8
+    GDN_ERR_NO_MEMORY = 8,
+    /* prefix caching: a request's state read from one slot, written to another, and
+     * the prefill's boundary snapshots (bad_index a request, or k for snapshots[k]) */
+    GDN_ERR_READ_SLOT_RANGE = 9,      /* initial_state_indices[i] outside 0..S-1 */
+    GDN_ERR_READ_WRITTEN = 10,        /* initial_state_indices[i] is a slot another request writes */
+    GDN_ERR_SPEC_READ = 11,           /* spec mode, read slot != write slot, num_accepted > T_i */
+    GDN_ERR_SNAPSHOT_REQUEST = 12,    /* snapshots[k] names a request out of order, out of range, or skipped */
+    GDN_ERR_SNAPSHOT_TOKENS = 13,     /* snapshots[k]'s token count outside 1..T_i */
+    GDN_ERR_SNAPSHOT_SLOT_RANGE = 14, /* snapshots[k]'s slot outside 0..S-1 */
+    GDN_ERR_SNAPSHOT_DUPLICATE = 15   /* snapshots[k]'s slot is written already (a write slot or a snapshot) */
 };
 
 /* ---- CPU features (cpu_features.c): what the CPU has and the OS enables ---- */
@@ -95,15 +104,26 @@ typedef struct gdn_update_params {
     const int32_t *conv_state_indices;   /* [B] or NULL: slot i for request i */
     const int32_t *num_accepted_tokens;  /* [B] or NULL: plain decode */
     const int32_t *query_start_loc;      /* [B + 1] or NULL: fixed T */
+    /* [B] or NULL: the slot request i's state is read from (vLLM's prefix-caching block
+     * cache_indices[i, initial_state_idx[i]]); the rolled state goes to
+     * conv_state_indices[i]. Where they differ, the rows the window reads (off..off+W-2)
+     * are copied from the read slot to the write slot first, channel block by channel
+     * block in the unit that then runs the kernel there, so the write slot's rows the
+     * roll does not reach keep their content. */
+    const int32_t *initial_state_indices;
 } gdn_update_params;
 
-/* Validation of the index arrays before any write. Returns GDN_OK when the call is
+/* Validation of the index arrays before any write (with initial_state_indices: read
+ * slots in range, none written by another request, and in speculative mode a read slot
+ * other than the write slot needs num_accepted_tokens[i] <= T_i, so every row copied
+ * to the write slot is rewritten by the roll). Returns GDN_OK when the call is
  * legal, otherwise a status code with *bad_index set to the offending request (or
  * query_start_loc entry) and *bad_value to its value. */
 int gdn_update_validate(const gdn_update_params *p, int64_t num_tokens, int64_t *bad_index,
                         int64_t *bad_value);
 
-/* Bytes the performance model says the call must move. */
+/* Bytes the performance model says the call must move (plus (W-1) rows per request
+ * whose state is copied from another slot). */
 int64_t gdn_update_bytes(const gdn_update_params *p);
 
 /* Run the whole call. Call gdn_update_validate first. num_threads > 0: up to that
@@ -136,16 +156,26 @@ typedef struct gdn_prefill_params {
      * has_initial_state NULL then too). */
     gdn_update_params conv;
     const uint8_t *has_initial_state;    /* [B] 0/1, or NULL: every history is zeros */
+    /* [num_snapshots, 3] rows (request i, tokens p, slot s), requests non-decreasing:
+     * afterwards rows 0..W-2 of slot s hold the last W-1 rows of h_i ++ x_i[:p] (the
+     * state after p tokens, raw bits; rows past W-2 untouched): vLLM's prefix-caching
+     * states at block boundaries. NULL with num_snapshots 0: none. */
+    const int32_t *snapshots;
+    int64_t num_snapshots;
 } gdn_prefill_params;
 
-/* The update's index checks (query_start_loc, slot range, duplicate live slots),
- * with its status codes; before any write. */
+/* The update's index checks (query_start_loc, slot range, duplicate live slots, the
+ * read slots of initial_state_indices where has_initial_state), and the snapshots' (in
+ * order, of live requests, 1 <= p <= T_i, slots in range and written once in the call
+ * with the write slots, none another request's read slot), with its status codes;
+ * before any write. */
 int gdn_prefill_validate(const gdn_prefill_params *p, int64_t num_tokens, int64_t *bad_index,
                          int64_t *bad_value);
 
 /* Bytes the performance model counts: e * D * sum over live requests of (2 T_i
  * [read x, write out] + (W-1) [history read, when has_initial_state] + (W-1) [state
- * written, when conv_state is given]) plus D * W weight elements. */
+ * written, when conv_state is given] + (W-1) [the history copied to the write slot,
+ * when read from another slot]) + (W-1) per snapshot, plus D * W weight elements. */
 int64_t gdn_prefill_bytes(const gdn_prefill_params *p);
 
 /* Run the whole call on num_threads threads (< 0: a default call on up to -num_threads,

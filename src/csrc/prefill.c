@@ -6,8 +6,9 @@
 int gdn_prefill_validate(const gdn_prefill_params *p, int64_t num_tokens, int64_t *bad_index,
                          int64_t *bad_value) {
     /* query_start_loc, slot range, duplicate live slots: the update's checks (none of
-     * its speculative ones run: num_accepted_tokens is NULL) */
-    return gdn_update_validate(&p->conv, num_tokens, bad_index, bad_value);
+     * its speculative ones run: num_accepted_tokens is NULL), read slots, snapshots */
+    return gdn_slots_validate(&p->conv, num_tokens, 1, p->has_initial_state, p->snapshots, p->num_snapshots,
+                              bad_index, bad_value);
 }
 
 int64_t gdn_prefill_bytes(const gdn_prefill_params *p) {
@@ -16,7 +17,11 @@ int64_t gdn_prefill_bytes(const gdn_prefill_params *p) {
     for (int64_t i = 0; i < p->conv.batch; i++) {
         const gdn_prefill_request r = gdn_prefill_get_request(p, i);
         if (!r.skip) rows += 2 * r.T + (r.init ? W - 1 : 0) + (r.state ? W - 1 : 0);
+        if (!r.skip && r.init && p->conv.initial_state_indices &&
+            p->conv.initial_state_indices[i] != (p->conv.conv_state_indices ? p->conv.conv_state_indices[i] : i))
+            rows += W - 1;
     }
+    rows += p->num_snapshots * (W - 1);
     return rows * p->conv.dim * gdn_elsize(p->conv.dtype) + p->conv.dim * W * gdn_elsize(p->conv.weight_dtype);
 }
 
@@ -58,6 +63,30 @@ static void zero_rows(const gdn_update_params *p, const gdn_prefill_request *r, 
     }
 }
 
+/* Before the unit holding token 0 of request i (which reads the history and writes the
+ * state), channels [c0, c1): a history read from another slot is copied into the write
+ * slot, then request i's snapshots are written from it and x (validation keeps every
+ * slot written here apart from what other units read). */
+static void prepare(const gdn_prefill_params *pp, int64_t i, const gdn_prefill_request *r, int64_t c0,
+                    int64_t c1) {
+    const gdn_update_params *p = &pp->conv;
+    const int32_t *snap = pp->snapshots;
+    const int64_t slot = p->conv_state_indices ? p->conv_state_indices[i] : i, e = gdn_elsize(p->dtype);
+    if (r->init && p->initial_state_indices && p->initial_state_indices[i] != slot)
+        gdn_copy_rows(p, p->initial_state_indices[i], slot, 0, p->width - 1, c0, c1);
+    int64_t k = 0, hi = pp->num_snapshots;   /* the first snapshot of request i */
+    while (k < hi) {
+        const int64_t mid = k + (hi - k) / 2;
+        if (snap[3 * mid] < i) k = mid + 1;
+        else hi = mid;
+    }
+    for (; k < pp->num_snapshots && snap[3 * k] == i; k++) {
+        gdn_prefill_request s = *r;
+        s.T = snap[3 * k + 1];
+        gdn_prefill_write_rows(pp, &s, (char *)p->conv_state + e * snap[3 * k + 2] * p->state_stride_s, c0, c1);
+    }
+}
+
 static void run_unit(const prefill_run *run, int64_t u) {
     const gdn_prefill_params *pp = run->p;
     const gdn_update_params *p = &pp->conv;
@@ -90,6 +119,7 @@ static void run_unit(const prefill_run *run, int64_t u) {
             continue;
         }
         const int64_t t0 = boundary(g0 - s, r.T, H), t1 = boundary(g1 - s, r.T, H);
+        if (t0 < t1 && t0 == 0 && r.state) prepare(pp, i, &r, c0, c1);
         if (t0 < t1) run->kernel(pp, run->w, run->ld, run->b, i, c0, c1, t0, t1);
     }
 }

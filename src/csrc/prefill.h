@@ -70,18 +70,19 @@ void gdn_prefill_scalar_range(const gdn_prefill_params *p, const float *w, int64
  * line: it runs once per request and channel line). */
 void gdn_prefill_gather(float *dst, const char *row, int64_t stride, int64_t c, int n, int dt);
 
-/* State rows 0..W-2 of r's slot, channels [c0, c1) <- the last W-1 rows of
- * h ++ x, raw bits (NaN payloads kept). Row k takes x row T-(W-1)+k, or for T < W-1
- * history row T+k: old state row T+k (read before it is written, as rows go up) or
- * zeros. The caller has read the history already. */
-static inline void gdn_prefill_write_state(const gdn_prefill_params *pp, const gdn_prefill_request *r,
-                                           int64_t c0, int64_t c1) {
+/* Rows 0..W-2 at dst_state (a slot's row 0, channel 0), channels [c0, c1) <- the last
+ * W-1 rows of h ++ x[:T], T = r->T, raw bits (NaN payloads kept). Row k takes x row
+ * T-(W-1)+k, or for T < W-1 history row T+k: state row T+k of r's slot (read before it
+ * is written, as rows go up, when dst_state is that slot) or zeros. The caller has
+ * read the history already when dst_state is r's slot. */
+static inline void gdn_prefill_write_rows(const gdn_prefill_params *pp, const gdn_prefill_request *r,
+                                          char *dst_state, int64_t c0, int64_t c1) {
     const gdn_update_params *p = &pp->conv;
     const int64_t H = p->width - 1, e = gdn_elsize(p->dtype), n = c1 - c0;
     const int64_t sd = p->state_stride_d, sl = p->state_stride_l, xd = p->x_stride_d;
     for (int64_t k = 0; k < H; k++) {
         const int64_t pos = r->T - H + k;   /* position in x; < 0: history row pos + H */
-        char *dst = r->state + e * (k * sl + c0 * sd);
+        char *dst = dst_state + e * (k * sl + c0 * sd);
         const char *src = pos >= 0 ? r->x + e * (pos * p->x_stride_t + c0 * xd)
                           : r->init ? r->state + e * ((pos + H) * sl + c0 * sd)
                                     : NULL;
@@ -92,6 +93,12 @@ static inline void gdn_prefill_write_state(const gdn_prefill_params *pp, const g
             for (int64_t c = 0; c < n; c++)
                 gdn_store_raw(dst, c * sd, src ? gdn_load_raw(src, c * ss, p->dtype) : 0u, p->dtype);
     }
+}
+
+/* State rows 0..W-2 of r's slot <- the last W-1 rows of h ++ x (gdn_prefill_write_rows). */
+static inline void gdn_prefill_write_state(const gdn_prefill_params *pp, const gdn_prefill_request *r,
+                                           int64_t c0, int64_t c1) {
+    gdn_prefill_write_rows(pp, r, r->state, c0, c1);
 }
 
 #endif

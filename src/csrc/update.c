@@ -5,19 +5,37 @@
 #include "isa.h"
 #include "threads.h"
 
+/* The checks of both ops (update.h); the update's call reads every live request's slot. */
 int gdn_update_validate(const gdn_update_params *p, int64_t num_tokens, int64_t *bad_index,
                         int64_t *bad_value) {
+    return gdn_slots_validate(p, num_tokens, 0, NULL, NULL, 0, bad_index, bad_value);
+}
+
+int gdn_slots_validate(const gdn_update_params *p, int64_t num_tokens, int prefill, const uint8_t *init,
+                       const int32_t *snap, int64_t K, int64_t *bad_index, int64_t *bad_value) {
     const int32_t *qsl = p->query_start_loc, *idx = p->conv_state_indices, *nat = p->num_accepted_tokens;
+    const int32_t *isi = p->initial_state_indices;
     const int64_t B = p->batch, S = p->num_slots, W = p->width, L = p->state_len;
 #define FAIL(code, i, v) do { *bad_index = (i); *bad_value = (v); rc = (code); goto done; } while (0)
+#define T_OF(i) (qsl ? qsl[(i) + 1] - qsl[i] : p->seqlen)
     int rc = GDN_OK;
     uint64_t stack_bits[1024], *bits = stack_bits;
+    int32_t *owner = NULL;       /* [S]: the request writing each slot, -1: none (with isi) */
     const int64_t words = (S + 63) / 64;
-    if (idx && words > 1024) {
+    const int track = idx || K > 0;
+    if (track && words > 1024) {
         bits = (uint64_t *)calloc((size_t)words, sizeof(uint64_t));
         if (!bits) return GDN_ERR_NO_MEMORY;
-    } else if (idx) {
+    } else if (track) {
         memset(bits, 0, (size_t)words * sizeof(uint64_t));
+    }
+    if (isi && S > 0) {
+        owner = (int32_t *)malloc((size_t)S * sizeof(int32_t));
+        if (!owner) {
+            if (bits != stack_bits) free(bits);
+            return GDN_ERR_NO_MEMORY;
+        }
+        memset(owner, 0xff, (size_t)S * sizeof(int32_t));
     }
     if (qsl) {
         if (qsl[0] != 0) FAIL(GDN_ERR_QSL_START, 0, qsl[0]);
@@ -27,21 +45,45 @@ int gdn_update_validate(const gdn_update_params *p, int64_t num_tokens, int64_t 
     }
     for (int64_t i = 0; i < B; i++) {
         if (gdn_is_pad(p, i)) continue;
+        const int64_t s = idx ? idx[i] : i;
         if (idx) {
-            const int64_t s = idx[i];
             if (s < 0 || s >= S) FAIL(GDN_ERR_SLOT_RANGE, i, s);
             if ((bits[s >> 6] >> (s & 63)) & 1u) FAIL(GDN_ERR_SLOT_DUPLICATE, i, s);
             bits[s >> 6] |= 1ull << (s & 63);
+        } else if (K > 0 && s < S) {
+            bits[s >> 6] |= 1ull << (s & 63);
         }
+        if (owner && s < S && T_OF(i) > 0) owner[s] = (int32_t)i;
         if (nat) {
-            const int64_t T = qsl ? qsl[i + 1] - qsl[i] : p->seqlen;
+            const int64_t T = T_OF(i);
             if (nat[i] < 1 || nat[i] - 1 + W - 1 > L) FAIL(GDN_ERR_ACCEPTED_RANGE, i, nat[i]);
             if (W - 2 + T > L) FAIL(GDN_ERR_SPEC_TOKENS, i, T);
         }
     }
+    /* snapshots: in request order, of live requests, 1 <= p <= T_i, slots written once */
+    for (int64_t k = 0; k < K; k++) {
+        const int64_t i = snap[3 * k], tok = snap[3 * k + 1], s = snap[3 * k + 2];
+        if (i < 0 || i >= B || (k > 0 && i < snap[3 * (k - 1)]) || gdn_is_pad(p, i) || T_OF(i) <= 0)
+            FAIL(GDN_ERR_SNAPSHOT_REQUEST, k, i);
+        if (tok < 1 || tok > T_OF(i)) FAIL(GDN_ERR_SNAPSHOT_TOKENS, k, tok);
+        if (s < 0 || s >= S) FAIL(GDN_ERR_SNAPSHOT_SLOT_RANGE, k, s);
+        if ((bits[s >> 6] >> (s & 63)) & 1u) FAIL(GDN_ERR_SNAPSHOT_DUPLICATE, k, s);
+        bits[s >> 6] |= 1ull << (s & 63);
+        if (owner) owner[s] = (int32_t)i;
+    }
+    /* read slots: in range, and none written by another request of the call */
+    for (int64_t i = 0; isi && i < B; i++) {
+        if (gdn_is_pad(p, i) || T_OF(i) <= 0 || (prefill && !(init && init[i]))) continue;
+        const int64_t r = isi[i], s = idx ? idx[i] : i;
+        if (r < 0 || r >= S) FAIL(GDN_ERR_READ_SLOT_RANGE, i, r);
+        if (owner[r] >= 0 && owner[r] != i) FAIL(GDN_ERR_READ_WRITTEN, i, r);
+        if (nat && r != s && nat[i] > T_OF(i)) FAIL(GDN_ERR_SPEC_READ, i, nat[i]);
+    }
 done:
     if (bits != stack_bits) free(bits);
+    free(owner);
     return rc;
+#undef T_OF
 #undef FAIL
 }
 
@@ -51,6 +93,9 @@ int64_t gdn_update_bytes(const gdn_update_params *p) {
     for (int64_t i = 0; i < p->batch; i++) {
         const gdn_request r = gdn_get_request(p, i);
         if (!r.skip) rows += r.T + r.T + (W - 1) + (W - 2 + r.T);
+        if (!r.skip && p->initial_state_indices &&
+            p->initial_state_indices[i] != (p->conv_state_indices ? p->conv_state_indices[i] : i))
+            rows += W - 1;
     }
     return rows * p->dim * gdn_elsize(p->dtype) + p->dim * W * gdn_elsize(p->weight_dtype);
 }
@@ -70,6 +115,15 @@ static void run_unit(const update_run *run, const gdn_update_params *p, int64_t 
     const int64_t c0 = (u % run->blocks) * GDN_BLOCK_CHANNELS, r0 = (u / run->blocks) * run->per_unit;
     const int64_t c1 = c0 + GDN_BLOCK_CHANNELS < p->dim ? c0 + GDN_BLOCK_CHANNELS : p->dim;
     const int64_t r1 = r0 + run->per_unit < p->batch ? r0 + run->per_unit : p->batch;
+    /* a state read from another slot: the window's rows copied to the write slot first,
+     * this unit's channels only, so the kernel rolls it in place (validation keeps every
+     * written slot apart from other requests' read slots) */
+    for (int64_t i = r0; p->initial_state_indices && i < r1; i++) {
+        const gdn_request r = gdn_get_request(p, i);
+        const int64_t dst = p->conv_state_indices ? p->conv_state_indices[i] : i;
+        if (!r.skip && p->initial_state_indices[i] != dst)
+            gdn_copy_rows(p, p->initial_state_indices[i], dst, r.off, p->width - 1, c0, c1);
+    }
     run->kernel(p, r0, r1, c0, c1);
     if (!p->zero_skipped) return;
     const int e = gdn_elsize(p->dtype);

@@ -59,6 +59,28 @@ static inline gdn_request gdn_get_request(const gdn_update_params *p, int64_t i)
     return r;
 }
 
+/* ---- prefix caching: the state read from another slot ---- */
+/* The checks of both ops: query_start_loc, write slots (range, duplicates), the
+ * speculative ranges, snapshots[K, 3] (prefill) and the read slots of
+ * initial_state_indices (every live request's in the update; in the prefill those with
+ * init[i]). gdn_update_validate and gdn_prefill_validate are this. */
+int gdn_slots_validate(const gdn_update_params *p, int64_t num_tokens, int prefill, const uint8_t *init,
+                       const int32_t *snap, int64_t K, int64_t *bad_index, int64_t *bad_value);
+
+/* Rows [l0, l0 + n) of slot src to slot dst, channels [c0, c1), raw bits (NaN
+ * payloads kept). */
+static inline void gdn_copy_rows(const gdn_update_params *p, int64_t src, int64_t dst, int64_t l0, int64_t n,
+                                 int64_t c0, int64_t c1) {
+    const int64_t e = gdn_elsize(p->dtype), sd = p->state_stride_d;
+    for (int64_t l = l0; l < l0 + n; l++) {
+        const char *from = (const char *)p->conv_state + e * (src * p->state_stride_s + l * p->state_stride_l);
+        char *to = (char *)p->conv_state + e * (dst * p->state_stride_s + l * p->state_stride_l);
+        if (sd == 1) memcpy(to + e * c0, from + e * c0, (size_t)(e * (c1 - c0)));
+        else
+            for (int64_t c = c0; c < c1; c++) gdn_store_raw(to, c * sd, gdn_load_raw(from, c * sd, p->dtype), p->dtype);
+    }
+}
+
 /* ---- weights ---- */
 /* Weights and bias of channels [c0, c0 + n) as fp32, tap-major: w[k * ld + c]. */
 GDN_INLINE void gdn_fill_weights(const gdn_update_params *p, int64_t c0, int64_t n, float *w,

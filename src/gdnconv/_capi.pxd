@@ -18,6 +18,13 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
         GDN_ERR_QSL_ORDER
         GDN_ERR_QSL_END
         GDN_ERR_NO_MEMORY
+        GDN_ERR_READ_SLOT_RANGE
+        GDN_ERR_READ_WRITTEN
+        GDN_ERR_SPEC_READ
+        GDN_ERR_SNAPSHOT_REQUEST
+        GDN_ERR_SNAPSHOT_TOKENS
+        GDN_ERR_SNAPSHOT_SLOT_RANGE
+        GDN_ERR_SNAPSHOT_DUPLICATE
         GDN_FEATURE_COUNT
     ctypedef struct gdn_update_params:
         int64_t batch, dim, width, state_len, num_slots, seqlen, pad_slot_id
@@ -35,6 +42,7 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
         const int32_t *conv_state_indices
         const int32_t *num_accepted_tokens
         const int32_t *query_start_loc
+        const int32_t *initial_state_indices
     const char *gdn_feature_name(int f)
     int gdn_cpu_has(int f)
     int gdn_isa_count()
@@ -50,6 +58,8 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
     ctypedef struct gdn_prefill_params:
         gdn_update_params conv
         const uint8_t *has_initial_state
+        const int32_t *snapshots
+        int64_t num_snapshots
     int gdn_prefill_validate(const gdn_prefill_params *p, int64_t num_tokens, int64_t *bad_index,
                              int64_t *bad_value)
     int64_t gdn_prefill_bytes(const gdn_prefill_params *p)

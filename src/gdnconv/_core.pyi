@@ -35,6 +35,7 @@ def conv_update_multi(
     pad_slot_id: int = -1,
     out: None = None,
     num_threads: int | None = None,
+    initial_state_indices: _Index = None,
 ) -> _A: ...
 @overload
 def conv_update_multi(
@@ -50,6 +51,7 @@ def conv_update_multi(
     pad_slot_id: int = -1,
     out: _A,
     num_threads: int | None = None,
+    initial_state_indices: _Index = None,
 ) -> _A: ...
 @overload
 def conv_update_multi(
@@ -65,6 +67,7 @@ def conv_update_multi(
     pad_slot_id: int = -1,
     out: None = None,
     num_threads: int | None = None,
+    initial_state_indices: _Index = None,
 ) -> npt.NDArray[Any]: ...
 def bytes_moved(
     x: _ArrayOrTensor | npt.ArrayLike,
@@ -75,6 +78,7 @@ def bytes_moved(
     conv_state_indices: _Index = None,
     query_start_loc: _Index = None,
     pad_slot_id: int = -1,
+    initial_state_indices: _Index = None,
 ) -> int: ...
 @overload
 def conv_prefill(
@@ -90,6 +94,8 @@ def conv_prefill(
     pad_slot_id: int = -1,
     out: None = None,
     num_threads: int | None = None,
+    initial_state_indices: _Index = None,
+    snapshots: _Index = None,
 ) -> _A: ...
 @overload
 def conv_prefill(
@@ -105,6 +111,8 @@ def conv_prefill(
     pad_slot_id: int = -1,
     out: _A,
     num_threads: int | None = None,
+    initial_state_indices: _Index = None,
+    snapshots: _Index = None,
 ) -> _A: ...
 @overload
 def conv_prefill(
@@ -120,6 +128,8 @@ def conv_prefill(
     pad_slot_id: int = -1,
     out: None = None,
     num_threads: int | None = None,
+    initial_state_indices: _Index = None,
+    snapshots: _Index = None,
 ) -> npt.NDArray[Any]: ...
 def prefill_bytes_moved(
     x: _ArrayOrTensor | npt.ArrayLike,
@@ -130,6 +140,8 @@ def prefill_bytes_moved(
     cache_indices: _Index = None,
     has_initial_state: _Index = None,
     pad_slot_id: int = -1,
+    initial_state_indices: _Index = None,
+    snapshots: _Index = None,
 ) -> int: ...
 @overload
 def pack_weight(weight: _A) -> _A: ...

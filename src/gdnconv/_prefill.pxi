@@ -6,9 +6,10 @@ cdef class _Prefill:
     """One prefill call as the kernel sees it: the views of its arguments, the objects
     that own their memory (kept until the kernel returns), and its params."""
     cdef gdn_prefill_params p
-    cdef View xv, sv, wv, bv, ov, iv, qv
+    cdef View xv, sv, wv, bv, ov, iv, qv, rv
     cdef list keep
     cdef object flags           # has_initial_state as a private (B,) uint8 copy, or None
+    cdef object snaps           # snapshots as a private (K, 3) int32 copy, or None
     cdef bint out_is_x, varlen, has_state
     cdef bint vllm              # arguments in vLLM's order (gdnconv.vllm): x and out (D, N), state (S, D, L)
     cdef int64_t B, T, N, S, L, D, W, pad_slot_id
@@ -38,8 +39,33 @@ cdef object _flag_source(object a, str name):
     return np.ascontiguousarray(a != 0).view(np.uint8)
 
 
+cdef object _snapshot_source(object a):
+    """snapshots as a private C-contiguous (K, 3) int32 copy (rows: request, tokens, slot), or
+    None; converted (user code runs) before the call takes any pointer, and a copy, so it
+    overlaps nothing the call writes."""
+    if a is None:
+        return None
+    if _is_tensor(a):
+        if not a.is_cpu:
+            raise ValueError(f"snapshots must be a CPU tensor, got device {a.device}")
+        if a.dtype.is_floating_point or a.dtype.is_complex or a.dtype is _torch.bool:
+            raise TypeError(f"snapshots must be an integer array, got dtype {_dtype_name(a)}")
+        a = a.numpy(force=True)
+    a = np.asarray(a)
+    if a.size == 0:
+        a = a.reshape(0, 3).astype(np.int32)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"snapshots must be an integer array, got dtype {a.dtype}")
+    if a.ndim != 2 or a.shape[1] != 3:
+        raise ValueError(f"snapshots must be (K, 3) rows (request, tokens, slot), got shape {a.shape}")
+    if a.size and (a.min() < -2**31 or a.max() >= 2**31):
+        raise ValueError(f"snapshots has values outside the int32 range: min {a.min()}, max {a.max()}")
+    return np.array(a, dtype=np.int32, order="C")
+
+
 cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, query_start_loc,
-                        cache_indices, has_initial_state, pad_slot_id, out) except -1:
+                        cache_indices, has_initial_state, pad_slot_id, out, initial_state_indices=None,
+                        snapshots=None) except -1:
     """Every check of the prefill that needs no index value, but the storage checks
     (_prefill_storage, once the call runs no more user code); nothing is written. All
     arguments must come from _input_array / _index_source / _flag_source."""
@@ -48,7 +74,8 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
     c.pad_slot_id = _pad_slot(pad_slot_id)
     c.has_state = conv_state is not None
     if not c.has_state:
-        for arg, name in ((cache_indices, "cache_indices"), (has_initial_state, "has_initial_state")):
+        for arg, name in ((cache_indices, "cache_indices"), (has_initial_state, "has_initial_state"),
+                          (initial_state_indices, "initial_state_indices"), (snapshots, "snapshots")):
             if arg is not None:
                 raise ValueError(f"{name} is given without conv_state: pass the conv_state it refers to, "
                                  f"or {name}=None for a convolution without state")
@@ -126,6 +153,9 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
     if has_initial_state is not None and has_initial_state.shape[0] != B:
         raise ValueError(f"has_initial_state must have shape ({B},), got {has_initial_state.shape}")
     c.flags = has_initial_state
+    if initial_state_indices is not None:
+        c.keep.append(_index_array(initial_state_indices, "initial_state_indices", B, &c.rv))
+    c.snaps = snapshots
 
     # ---- aliasing: what is written must not share memory with what is read (a
     # read-only argument NumPy cannot decide within a bounded search is read from a copy)
@@ -142,6 +172,8 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
         _prefill_apart(c, &c.iv, "cache_indices", has_out)
     if query_start_loc is not None:
         _prefill_apart(c, &c.qv, "query_start_loc", has_out)
+    if initial_state_indices is not None:
+        _prefill_apart(c, &c.rv, "initial_state_indices", has_out)
 
     c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
     c.varlen = query_start_loc is not None
@@ -158,6 +190,7 @@ cdef int _prefill_storage(_Prefill c) except -1:
     _in_storage(&c.ov, "out")
     _in_storage(&c.iv, "cache_indices")
     _in_storage(&c.qv, "query_start_loc")
+    _in_storage(&c.rv, "initial_state_indices")
     return 0
 
 
@@ -169,7 +202,7 @@ cdef int _prefill_apart(_Prefill c, View *r, str name, bint has_out) except -1:
     return 0
 
 
-cdef int _prefill_params(_Prefill c, bint has_bias, bint has_idx, bint zero_skipped) except -1:
+cdef int _prefill_params(_Prefill c, bint has_bias, bint has_idx, bint zero_skipped, bint has_isi=False) except -1:
     """The one place the prefill's params are filled, from the checked views (x and out
     final), then the index arrays validated in C; nothing is written."""
     cdef gdn_update_params *p = &c.p.conv
@@ -196,6 +229,11 @@ cdef int _prefill_params(_Prefill c, bint has_bias, bint has_idx, bint zero_skip
         p.conv_state_indices = <const int32_t *>c.iv.ptr
     if c.flags is not None:
         c.p.has_initial_state = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>c.flags)
+    if has_isi:
+        p.initial_state_indices = <const int32_t *>c.rv.ptr
+    if c.snaps is not None:
+        c.p.snapshots = <const int32_t *>cnp.PyArray_DATA(<cnp.ndarray>c.snaps)
+        c.p.num_snapshots = c.snaps.shape[0]
     rc = gdn_prefill_validate(&c.p, c.N, &bad_i, &bad_v)
     if rc != GDN_OK:
         _raise_index_error(rc, bad_i, bad_v, p, c.N, "cache_indices")
@@ -207,7 +245,8 @@ cdef int _prefill_params(_Prefill c, bint has_bias, bint has_idx, bint zero_skip
 @cython.embedsignature(True)
 @cython.embedsignature.format("clinic")
 def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
-                 cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None, num_threads=None):
+                 cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None, num_threads=None,
+                 initial_state_indices=None, snapshots=None):
     """Causal conv1d over whole prompts (prefill), seeding each request's conv state.
 
     Semantics follow vLLM's ``causal_conv1d_fn`` (its CPU op ``causal_conv1d_fwd_cpu``);
@@ -254,6 +293,21 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
             prompts are split along time, so one prompt uses every thread; the results
             do not depend on the thread count, bit for bit; small calls run on the
             calling thread.
+        initial_state_indices: ``(B,)`` integer slot each request's history is read
+            from where ``has_initial_state[i]`` (prefix caching: the block holding the
+            cached state); the final state is written to ``cache_indices[i]``. None:
+            read where written. A read slot must be in range and not written by
+            another request of the call (several requests may read one).
+        snapshots: ``(K, 3)`` integer rows ``(i, p, s)``, sorted by ``i``: afterwards
+            rows ``0..W-2`` of slot ``s`` hold the state after request ``i``'s first
+            ``p`` tokens (the last ``W-1`` rows of ``h ++ x_i[:p]``, raw bits; rows past
+            ``W-2`` untouched), ``1 <= p <= T_i``, request ``i`` live. Every written
+            slot (``cache_indices`` and snapshot slots) takes one state, and none is
+            another request's read slot; a snapshot may go to the request's own read
+            slot (read first). vLLM's prefix caching maps as: for block size ``b`` and
+            ``n = num_computed_tokens[i]``, the boundaries ``p = k b - n`` with
+            ``0 < p < T_i`` go to ``idx[i, block_idx_first_scheduled_token[i] + j]``
+            in order (``gdnconv.vllm`` builds the rows).
 
     Returns:
         ``out`` (a new NumPy array or torch tensor like ``x`` when not given).
@@ -274,12 +328,13 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
             storage shrunk with ``untyped_storage().resize_()``, before the call or
             by a ``__torch_function__`` override during it), an inference tensor
             ``conv_state``/``out`` outside ``torch.inference_mode()``, ``pad_slot_id``
-            outside the int32 range.
+            outside the int32 range, ``initial_state_indices`` or ``snapshots`` not
+            as described above (or given without ``conv_state``).
         MemoryError: no memory for the weight conversion.
         Nothing is written when an exception is raised.
     """
     return _prefill(_Prefill(), x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
-                    has_initial_state, pad_slot_id, out, num_threads)
+                    has_initial_state, pad_slot_id, out, num_threads, initial_state_indices, snapshots)
 
 
 # a C function with an inspectable signature, traced as gdnconv.vllm._prefill_vllm_traced (gdnconv._compile)
@@ -287,14 +342,15 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
 @cython.embedsignature(True)
 @cython.embedsignature.format("clinic")
 def _conv_prefill_vllm(x, weight, bias=None, *, activation=None, conv_state=None, query_start_loc=None,
-                       cache_indices=None, has_initial_state=None, pad_slot_id=-1):
+                       cache_indices=None, has_initial_state=None, pad_slot_id=-1, initial_state_indices=None,
+                       snapshots=None):
     """conv_prefill on tensors in vLLM's order (gdnconv.vllm): x (D, N), conv_state (S, D, L);
     read as gdnconv's views, no transposed tensors made. Returns a new (D, N) tensor whose
     memory is (N, D), channels last. Errors name the caller's shapes."""
     cdef _Prefill c = _Prefill()
     c.vllm = True
     return _prefill(c, x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
-                    has_initial_state, pad_slot_id, None, None)
+                    has_initial_state, pad_slot_id, None, None, initial_state_indices, snapshots)
 
 
 cdef inline void _vllm_tokens(View *v, bint vllm) noexcept:
@@ -304,7 +360,7 @@ cdef inline void _vllm_tokens(View *v, bint vllm) noexcept:
 
 
 cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
-                     has_initial_state, pad_slot_id, out, num_threads):
+                     has_initial_state, pad_slot_id, out, num_threads, initial_state_indices, snapshots):
     """The body of conv_prefill (and of the vLLM-order entry)."""
     cdef int nthreads = _call_threads(num_threads)
     cdef int rc
@@ -316,8 +372,10 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
     cache_indices = _index_source(cache_indices, "cache_indices", c.keep)
     query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
     has_initial_state = _flag_source(has_initial_state, "has_initial_state")
+    initial_state_indices = _index_source(initial_state_indices, "initial_state_indices", c.keep)
+    snapshots = _snapshot_source(snapshots)
     _check_prefill(c, x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
-                   has_initial_state, pad_slot_id, out)
+                   has_initial_state, pad_slot_id, out, initial_state_indices, snapshots)
     if c.out_is_x:
         # a time chunk reads its window from x rows that earlier outputs would overwrite
         copy = x.clone() if c.xv.torch else np.array(x, order="C")
@@ -337,7 +395,7 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
         c.keep.append(_made(out, &c.ov, &raw, x, "out"))
         _vllm_tokens(&c.ov, c.vllm)
     _prefill_storage(c)   # no user code runs from here on
-    _prefill_params(c, bias is not None, cache_indices is not None, new_out)
+    _prefill_params(c, bias is not None, cache_indices is not None, new_out, initial_state_indices is not None)
     with nogil:
         rc = gdn_prefill_run(&c.p, nthreads)
     if rc == GDN_ERR_NO_MEMORY:
@@ -346,13 +404,14 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
 
 
 def prefill_bytes_moved(x, weight, *, conv_state=None, query_start_loc=None, cache_indices=None,
-                        has_initial_state=None, pad_slot_id=-1):
+                        has_initial_state=None, pad_slot_id=-1, initial_state_indices=None, snapshots=None):
     """Bytes the performance model counts for this ``conv_prefill`` call (int), for
     benchmarks.
 
     ``e * D * sum_i (2 T_i + (W - 1) [history read, when has_initial_state[i]] + (W - 1)
-    [state written, with conv_state])`` over requests that are not skipped (``e`` bytes
-    per element), plus ``D * W`` weight elements. Checks the arguments as
+    [state written, with conv_state] + (W - 1) [a history copied from another slot])`` over
+    requests that are not skipped (``e`` bytes per element), plus ``(W - 1) e D`` per
+    snapshot and ``D * W`` weight elements. Checks the arguments as
     ``conv_prefill`` does (same exceptions) and reads nothing but the index arrays.
     """
     cdef _Prefill c = _Prefill()
@@ -361,9 +420,11 @@ def prefill_bytes_moved(x, weight, *, conv_state=None, query_start_loc=None, cac
     cache_indices = _index_source(cache_indices, "cache_indices", c.keep)
     query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
     has_initial_state = _flag_source(has_initial_state, "has_initial_state")
+    initial_state_indices = _index_source(initial_state_indices, "initial_state_indices", c.keep)
+    snapshots = _snapshot_source(snapshots)
     _check_prefill(c, x, weight, None, None, conv_state, query_start_loc, cache_indices, has_initial_state,
-                   pad_slot_id, None)
+                   pad_slot_id, None, initial_state_indices, snapshots)
     _prefill_storage(c)
     c.ov = c.xv
-    _prefill_params(c, False, cache_indices is not None, False)
+    _prefill_params(c, False, cache_indices is not None, False, initial_state_indices is not None)
     return gdn_prefill_bytes(&c.p)

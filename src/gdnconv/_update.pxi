@@ -5,7 +5,7 @@ cdef class _Update:
     """One update call as the kernel sees it: the views of its arguments, the objects
     that own their memory (kept until the kernel returns), and its params."""
     cdef gdn_update_params p
-    cdef View xv, sv, wv, bv, ov, iv, nv, qv
+    cdef View xv, sv, wv, bv, ov, iv, nv, qv, rv
     cdef list keep
     cdef bint out_is_x, varlen
     cdef bint vllm              # arguments in vLLM's order (gdnconv.vllm): state (S, D, L), x (B, D, T)
@@ -30,7 +30,8 @@ cdef inline void _vllm_order(View *v, bint vllm) noexcept:
 
 
 cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_accepted_tokens,
-                       conv_state_indices, query_start_loc, pad_slot_id, out) except -1:
+                       conv_state_indices, query_start_loc, pad_slot_id, out,
+                       initial_state_indices=None) except -1:
     """Every check of the update that needs no index value, but the storage checks
     (_update_storage, once the call runs no more user code); nothing is written. All
     arguments must come from _input_array / _index_source (only torch overrides run
@@ -103,6 +104,8 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
         raise ValueError(f"batch {B} needs conv_state_indices: conv_state has only {S} slots")
     if num_accepted_tokens is not None:
         c.keep.append(_index_array(num_accepted_tokens, "num_accepted_tokens", B, &c.nv))
+    if initial_state_indices is not None:
+        c.keep.append(_index_array(initial_state_indices, "initial_state_indices", B, &c.rv))
 
     # ---- aliasing: what is written must not share memory with what is read (a
     # read-only argument NumPy cannot decide within a bounded search is read from a copy)
@@ -121,6 +124,8 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
         _keep_apart(c, &c.nv, "num_accepted_tokens", has_out)
     if query_start_loc is not None:
         _keep_apart(c, &c.qv, "query_start_loc", has_out)
+    if initial_state_indices is not None:
+        _keep_apart(c, &c.rv, "initial_state_indices", has_out)
 
     c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
     c.varlen = query_start_loc is not None
@@ -138,6 +143,7 @@ cdef int _update_storage(_Update c) except -1:
     _in_storage(&c.iv, "conv_state_indices")
     _in_storage(&c.nv, "num_accepted_tokens")
     _in_storage(&c.qv, "query_start_loc")
+    _in_storage(&c.rv, "initial_state_indices")
     return 0
 
 
@@ -160,7 +166,8 @@ cdef void _rows(const View *v, bint varlen, int64_t *sb, int64_t *st, int64_t *s
         sb[0], st[0], sd[0] = v.strides[0], 0, v.strides[1]
 
 
-cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bint zero_skipped) except -1:
+cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bint zero_skipped,
+                        bint has_isi=False) except -1:
     """The one place the update's params are filled, from the checked views (x and
     out final), then the index arrays validated in C; nothing is written."""
     cdef gdn_update_params *p = &c.p
@@ -186,6 +193,8 @@ cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bi
         p.conv_state_indices = <const int32_t *>c.iv.ptr
     if has_nat:
         p.num_accepted_tokens = <const int32_t *>c.nv.ptr
+    if has_isi:
+        p.initial_state_indices = <const int32_t *>c.rv.ptr
     rc = gdn_update_validate(p, c.N, &bad_i, &bad_v)
     if rc != GDN_OK:
         _raise_index_error(rc, bad_i, bad_v, p, c.N)
@@ -198,7 +207,7 @@ cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bi
 @cython.embedsignature.format("clinic")
 def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
                       num_accepted_tokens=None, conv_state_indices=None, query_start_loc=None,
-                      pad_slot_id=-1, out=None, num_threads=None):
+                      pad_slot_id=-1, out=None, num_threads=None, initial_state_indices=None):
     """Causal conv1d decode/speculative update with a rolling per-slot state.
 
     Semantics follow vLLM's ``causal_conv1d_update`` (CPU and Triton paths); the
@@ -243,6 +252,16 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             CPU affinity). Default: ``get_num_threads()``, fewer while calls on
             several threads wait for a thread the scheduler parked (see
             ``thread_contention``). Small calls run on the calling thread.
+        initial_state_indices: ``(B,)`` integer slot each request's state is read
+            from (prefix caching: the block holding the cached state); the rolled
+            state is written to ``conv_state_indices[i]``, whose rows the roll does
+            not reach keep their content; None: read where written. vLLM's block
+            table ``idx`` maps as ``initial_state_indices[i] = idx[i,
+            initial_state_idx[i]]``, ``conv_state_indices[i] = idx[i,
+            block_idx_last_scheduled_token[i]]`` (``gdnconv.vllm`` does this). A read
+            slot must be in range and not written by another request of the call
+            (several requests may read one); in speculative mode a read slot other
+            than the write slot needs ``num_accepted_tokens[i] <= T_i``.
 
     Returns:
         ``out`` (a new NumPy array or torch tensor like ``x`` when not given).
@@ -264,11 +283,12 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             ``untyped_storage().resize_()``, before the call or by a
             ``__torch_function__`` override during it), an inference tensor
             ``conv_state``/``out`` outside ``torch.inference_mode()``, ``pad_slot_id``
-            outside the int32 range.
+            outside the int32 range, an ``initial_state_indices`` entry out of range or
+            written by another request.
         Nothing is written when an exception is raised.
     """
     return _update(_Update(), x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-                   query_start_loc, pad_slot_id, out, num_threads)
+                   query_start_loc, pad_slot_id, out, num_threads, initial_state_indices)
 
 
 # a C function with an inspectable signature, traced as gdnconv.vllm._update_vllm_traced (gdnconv._compile)
@@ -276,18 +296,19 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
 @cython.embedsignature(True)
 @cython.embedsignature.format("clinic")
 def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
-                      conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
+                      conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
+                      initial_state_indices=None):
     """conv_update_multi on tensors in vLLM's order (gdnconv.vllm): conv_state (S, D, L), a 3-D
     x and out (B, D, T); read as gdnconv's views, no transposed tensors made. Errors name the
     caller's shapes."""
     cdef _Update c = _Update()
     c.vllm = True
     return _update(c, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-                   query_start_loc, pad_slot_id, out, None)
+                   query_start_loc, pad_slot_id, out, None, initial_state_indices)
 
 
 cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_accepted_tokens,
-                    conv_state_indices, query_start_loc, pad_slot_id, out, num_threads):
+                    conv_state_indices, query_start_loc, pad_slot_id, out, num_threads, initial_state_indices):
     """The body of conv_update_multi (and of the vLLM-order entry)."""
     cdef int nthreads = _call_threads(num_threads)
     cdef View raw
@@ -298,8 +319,9 @@ cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_acce
     num_accepted_tokens = _index_source(num_accepted_tokens, "num_accepted_tokens", c.keep)
     conv_state_indices = _index_source(conv_state_indices, "conv_state_indices", c.keep)
     query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
+    initial_state_indices = _index_source(initial_state_indices, "initial_state_indices", c.keep)
     _check_update(c, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-                  query_start_loc, pad_slot_id, out)
+                  query_start_loc, pad_slot_id, out, initial_state_indices)
     if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
         # channels not contiguous: a contiguous copy of x (never of out or conv_state)
         if c.vllm and c.xv.ndim == 3:       # (B, D, T) in vLLM's order: channels last in memory
@@ -320,7 +342,7 @@ cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_acce
         _vllm_order(&c.ov, c.vllm)
     _update_storage(c)   # no user code runs from here on
     _update_params(c, bias is not None, conv_state_indices is not None, num_accepted_tokens is not None,
-                   new_out)
+                   new_out, initial_state_indices is not None)
     with nogil:
         gdn_update_run(&c.p, nthreads)
     return out
@@ -348,11 +370,12 @@ def last_path():
 
 
 def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_indices=None,
-                query_start_loc=None, pad_slot_id=-1):
+                query_start_loc=None, pad_slot_id=-1, initial_state_indices=None):
     """Bytes the performance model counts for this call (int), for benchmarks.
 
     ``e * D * sum_i (2 T_i + (W - 1) + (W - 2 + T_i))`` over requests that are not
-    skipped (``e`` bytes per element), plus ``D * W`` weight elements. Takes the
+    skipped (``e`` bytes per element), plus ``D * W`` weight elements, plus ``W - 1``
+    rows per request whose state is copied from another slot. Takes the
     arguments of a ``conv_update_multi`` call, checks them the same way (same
     exceptions) and reads nothing but the index arrays.
     """
@@ -362,11 +385,13 @@ def bytes_moved(x, conv_state, weight, *, num_accepted_tokens=None, conv_state_i
     num_accepted_tokens = _index_source(num_accepted_tokens, "num_accepted_tokens", c.keep)
     conv_state_indices = _index_source(conv_state_indices, "conv_state_indices", c.keep)
     query_start_loc = _index_source(query_start_loc, "query_start_loc", c.keep)
+    initial_state_indices = _index_source(initial_state_indices, "initial_state_indices", c.keep)
     _check_update(c, x, conv_state, weight, None, None, num_accepted_tokens, conv_state_indices,
-                  query_start_loc, pad_slot_id, None)
+                  query_start_loc, pad_slot_id, None, initial_state_indices)
     _update_storage(c)
     c.ov = c.xv
-    _update_params(c, False, conv_state_indices is not None, num_accepted_tokens is not None, False)
+    _update_params(c, False, conv_state_indices is not None, num_accepted_tokens is not None, False,
+                   initial_state_indices is not None)
     return gdn_update_bytes(&c.p)
 
 
@@ -398,11 +423,50 @@ cdef int _raise_index_error(int rc, int64_t i, int64_t v, const gdn_update_param
                          f"is smaller than the entry before it")
     if rc == GDN_ERR_QSL_END:
         raise ValueError(f"query_start_loc[{i}] = {v} must equal the number of tokens x.shape[0] = {N}")
+    if rc == GDN_ERR_READ_SLOT_RANGE:
+        raise ValueError(f"initial_state_indices[{i}] = {v} is out of range: slots are 0..{p.num_slots - 1} "
+                         f"(conv_state.shape[0] = {p.num_slots}); a request to skip is marked with "
+                         f"pad_slot_id = {p.pad_slot_id} in {slots}")
+    if rc == GDN_ERR_READ_WRITTEN:
+        raise ValueError(f"initial_state_indices[{i}] = {v} is a slot another request of the call writes "
+                         f"({_writer(p, i, v, slots)}): a request cannot read a state the same call replaces; "
+                         f"split the call, or read from a slot nothing writes")
+    if rc == GDN_ERR_SPEC_READ:
+        T = p.query_start_loc[i + 1] - p.query_start_loc[i] if p.query_start_loc != NULL else p.seqlen
+        write = p.conv_state_indices[i] if p.conv_state_indices != NULL else i
+        raise ValueError(f"num_accepted_tokens[{i}] = {v} is more than request {i}'s {T} tokens while its state "
+                         f"is read from initial_state_indices[{i}] = {p.initial_state_indices[i]} and written to "
+                         f"slot {write}: window rows the roll does not rewrite would carry the read slot into the "
+                         f"write slot; read and write one slot for such a request")
+    if rc == GDN_ERR_SNAPSHOT_REQUEST:
+        raise ValueError(f"snapshots[{i}, 0] = {v} must name a request 0..{p.batch - 1} with tokens and a live "
+                         f"slot, in non-decreasing order: sort snapshots by request and drop those of skipped "
+                         f"requests")
+    if rc == GDN_ERR_SNAPSHOT_TOKENS:
+        raise ValueError(f"snapshots[{i}, 1] = {v} tokens is outside 1..T_i for its request: a snapshot is the "
+                         f"state after that many of the request's tokens")
+    if rc == GDN_ERR_SNAPSHOT_SLOT_RANGE:
+        raise ValueError(f"snapshots[{i}, 2] = {v} is out of range: slots are 0..{p.num_slots - 1} "
+                         f"(conv_state.shape[0] = {p.num_slots})")
+    if rc == GDN_ERR_SNAPSHOT_DUPLICATE:
+        raise ValueError(f"snapshots[{i}, 2] = {v} is a slot the call writes already (a request's {slots} "
+                         f"entry or an earlier snapshot): every written slot takes one state")
     if rc == GDN_ERR_NO_MEMORY:
         raise MemoryError("no memory for the duplicate-slot check")
     raise RuntimeError(f"gdn_update_validate returned {rc}")
 
 
+
+
+cdef str _writer(const gdn_update_params *p, int64_t reader, int64_t slot, str slots):
+    """Who writes ``slot`` in the call (for GDN_ERR_READ_WRITTEN's message)."""
+    cdef int64_t j
+    for j in range(p.batch):
+        if j != reader and p.conv_state_indices != NULL and p.conv_state_indices[j] == slot:
+            return f"{slots}[{j}]"
+        if j != reader and p.conv_state_indices == NULL and j == slot:
+            return f"request {j}'s slot"
+    return "a snapshot of another request"
 
 
 def pack_weight(weight):

@@ -33,19 +33,24 @@ def _act(y, activation):
 
 def conv_update_multi_ref(x, conv_state, weight, bias=None, *, activation="silu",
                           num_accepted_tokens=None, conv_state_indices=None,
-                          query_start_loc=None, pad_slot_id=-1):
+                          query_start_loc=None, pad_slot_id=-1, initial_state_indices=None):
     """Reference for ``gdnconv.conv_update_multi``; nothing passed in is modified.
 
     Takes the same arguments (NumPy arrays of any float dtype) and returns
     ``(out, new_state)``: ``out`` in float64 with ``x``'s shape (rows of skipped
     requests are NaN, since the kernel leaves them alone), ``new_state`` a copy of
     ``conv_state`` in its own dtype with the rolled rows moved bit for bit.
+    With ``initial_state_indices`` (prefix caching) request ``i``'s window is read from
+    slot ``initial_state_indices[i]`` of the state as it was before the call, and the
+    rolled rows are written to its ``conv_state_indices`` slot (rows the roll does not
+    reach keep that slot's content).
     """
     x = np.asarray(x)
     weight = np.asarray(weight, dtype=np.float64)
     D, W = weight.shape
     b = np.zeros(D) if bias is None else np.asarray(bias, dtype=np.float64)
     state = np.array(conv_state, copy=True)
+    before = np.array(conv_state, copy=True)
     # one (T_i, D) block of rows per request
     if query_start_loc is not None:
         qsl = [int(v) for v in query_start_loc]
@@ -56,6 +61,7 @@ def conv_update_multi_ref(x, conv_state, weight, bias=None, *, activation="silu"
         rows = list(x)
     B = len(rows)
     slots = list(range(B)) if conv_state_indices is None else [int(s) for s in conv_state_indices]
+    reads = slots if initial_state_indices is None else [int(r) for r in initial_state_indices]
     out_rows = []
     for i in range(B):
         xi = rows[i]
@@ -65,7 +71,7 @@ def conv_update_multi_ref(x, conv_state, weight, bias=None, *, activation="silu"
             out_rows.append(np.full((T, D), np.nan))
             continue
         off = 0 if num_accepted_tokens is None else int(num_accepted_tokens[i]) - 1
-        history = state[s, off:off + W - 1]                       # (W-1, D) original dtype
+        history = before[reads[i], off:off + W - 1]               # (W-1, D) original dtype
         window = np.concatenate([history.astype(np.float64), xi.astype(np.float64)])
         y = np.stack([b + np.sum(weight * window[t:t + W].T, axis=1) for t in range(T)])
         out_rows.append(_act(y, activation))
@@ -117,7 +123,8 @@ def _prefill_rows(x, query_start_loc):
 
 
 def conv_prefill_ref(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
-                     cache_indices=None, has_initial_state=None, pad_slot_id=-1):
+                     cache_indices=None, has_initial_state=None, pad_slot_id=-1, initial_state_indices=None,
+                     snapshots=None):
     """Reference for ``gdnconv.conv_prefill``; nothing passed in is modified.
 
     ref: vLLM causal_conv1d_fn. Takes the same arguments (NumPy arrays of any float
@@ -127,15 +134,23 @@ def conv_prefill_ref(x, weight, bias=None, *, activation="silu", conv_state=None
     rows ``0..W-2`` of each live slot hold the last ``W-1`` rows of history ++ x_i,
     bit for bit. The history is the slot's rows ``0..W-2`` when ``has_initial_state[i]``
     is true, else zeros (the slot is not read).
+
+    Prefix caching: with ``initial_state_indices`` the history is read from slot
+    ``initial_state_indices[i]`` (of the state before the call); each row ``(i, p, s)`` of
+    ``snapshots`` sets rows ``0..W-2`` of slot ``s`` to the last ``W-1`` rows of
+    ``history ++ x_i[:p]``, the state after ``p`` of the request's tokens.
     """
     x = np.asarray(x)
     weight = np.asarray(weight, dtype=np.float64)
     D, W = weight.shape
     b = np.zeros(D) if bias is None else np.asarray(bias, dtype=np.float64)
     state = None if conv_state is None else np.array(conv_state, copy=True)
+    before = None if conv_state is None else np.array(conv_state, copy=True)
     rows = _prefill_rows(x, query_start_loc)
     B = len(rows)
     slots = list(range(B)) if cache_indices is None else [int(s) for s in cache_indices]
+    reads = slots if initial_state_indices is None else [int(r) for r in initial_state_indices]
+    snaps = [] if snapshots is None else [tuple(int(v) for v in row) for row in np.asarray(snapshots).reshape(-1, 3)]
     init = [False] * B if has_initial_state is None else [bool(h) for h in has_initial_state]
     out_rows = []
     for i in range(B):
@@ -146,7 +161,7 @@ def conv_prefill_ref(x, weight, bias=None, *, activation="silu", conv_state=None
             out_rows.append(np.full((T, D), np.nan))
             continue
         if state is not None and init[i]:
-            history = state[s, :W - 1]                            # (W-1, D), state dtype
+            history = before[reads[i], :W - 1]                    # (W-1, D), state dtype
         else:
             history = np.zeros((W - 1, D), dtype=x.dtype if state is None else state.dtype)
         seq = np.concatenate([history.astype(np.float64), xi.astype(np.float64)])
@@ -155,8 +170,40 @@ def conv_prefill_ref(x, weight, bias=None, *, activation="silu", conv_state=None
         if state is not None:
             raw = np.concatenate([history, xi.astype(state.dtype)])   # bits of history and x_i
             state[s, :W - 1] = raw[-(W - 1):]
+            for req, p, slot in snaps:
+                if req == i:
+                    state[slot, :W - 1] = raw[p:p + W - 1]            # the last W-1 rows of history ++ x_i[:p]
     out = np.concatenate(out_rows) if out_rows else np.zeros((0, D))
     return out.reshape(x.shape), state
+
+
+def vllm_block_table_ref(cache_indices, query_start_loc, initial_state_idx, block_idx_last_scheduled_token,
+                         block_idx_first_scheduled_token=None, num_computed_tokens=None, block_size_to_align=0):
+    """vLLM's prefix-caching block table in gdnconv's terms, as vLLM's Triton kernels read it.
+
+    ref: ``_causal_conv1d_fwd_kernel`` / ``_causal_conv1d_update_kernel`` (vLLM 0.32,
+    ``vllm/model_executor/layers/mamba/ops/causal_conv1d.py``). Request ``b``'s state is read
+    from ``cache_indices[b, initial_state_idx[b]]`` and its final state written to
+    ``cache_indices[b, block_idx_last_scheduled_token[b]]``; a prefill (given
+    ``block_idx_first_scheduled_token``, ``num_computed_tokens`` ``n`` and block size ``k``)
+    also stores the state after each of its ``p`` tokens with ``(n + p) % k == 0``,
+    ``0 < p < T_b``, the ``j``-th into ``cache_indices[b, block_idx_first_scheduled_token[b] +
+    j]``. (Triton writes a chunk shorter than ``width - 1`` into the read block: vLLM issue
+    56196; this is the contract, not that.) Returns ``(initial_state_indices,
+    conv_state_indices, snapshots)``: two ``(B,)`` int lists and a list of ``(b, p, slot)``.
+    """
+    idx = np.asarray(cache_indices)
+    qsl = [int(v) for v in query_start_loc]
+    reads, writes, snaps = [], [], []
+    for b in range(len(qsl) - 1):
+        reads.append(int(idx[b, int(initial_state_idx[b])]))
+        writes.append(int(idx[b, int(block_idx_last_scheduled_token[b])]))
+        if block_idx_first_scheduled_token is None:
+            continue
+        first, n, k = int(block_idx_first_scheduled_token[b]), int(num_computed_tokens[b]), block_size_to_align
+        boundaries = [p for p in range(1, qsl[b + 1] - qsl[b]) if (n + p) % k == 0]
+        snaps += [(b, p, int(idx[b, first + j])) for j, p in enumerate(boundaries)]
+    return reads, writes, snaps
 
 
 def prefill_magnitude(x, weight, bias=None, **kwargs):

@@ -37,46 +37,51 @@ _ARGS = ("Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, str? act
 # goes straight through the dispatcher (custom_op's Python wrapper cost ~15x the plain call).
 _lib = torch.library.Library("gdnconv", "DEF")
 # num_threads last, with a default: positional calls that end at pad_slot_id (or out) still match
-_lib.define(f"conv_update_multi({_ARGS}, int? num_threads=None) -> Tensor")
-_lib.define(f"conv_update_multi_out({_ARGS}, Tensor(b!) out, int? num_threads=None) -> ()")
+# prefix caching's arguments after them, with defaults too
+_lib.define(f"conv_update_multi({_ARGS}, int? num_threads=None, Tensor? initial_state_indices=None) -> Tensor")
+_lib.define(f"conv_update_multi_out({_ARGS}, Tensor(b!) out, int? num_threads=None, "
+            f"Tensor? initial_state_indices=None) -> ()")
 _PREFILL_ARGS = ("Tensor x, Tensor weight, Tensor? bias, str? activation, Tensor(a!)? conv_state, "
                  "Tensor? query_start_loc, Tensor? cache_indices, Tensor? has_initial_state, int pad_slot_id, "
                  "int? num_threads")
-_lib.define(f"conv_prefill({_PREFILL_ARGS}) -> Tensor")
-_lib.define(f"conv_prefill_out({_PREFILL_ARGS}, Tensor(b!) out) -> ()")
+_PREFILL_CACHE = "Tensor? initial_state_indices=None, Tensor? snapshots=None"
+_lib.define(f"conv_prefill({_PREFILL_ARGS}, {_PREFILL_CACHE}) -> Tensor")
+_lib.define(f"conv_prefill_out({_PREFILL_ARGS}, Tensor(b!) out, {_PREFILL_CACHE}) -> ()")
 
 
 def _op(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices, query_start_loc,
-        pad_slot_id, num_threads=None):
+        pad_slot_id, num_threads=None, initial_state_indices=None):
     out = _core.conv_update_multi(x, conv_state, weight, bias, activation=activation,
                                   num_accepted_tokens=num_accepted_tokens,
                                   conv_state_indices=conv_state_indices,
-                                  query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, num_threads=num_threads)
+                                  query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, num_threads=num_threads,
+                                  initial_state_indices=initial_state_indices)
     return out if out.is_contiguous() else out.contiguous()
 
 
 def _op_out(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-            query_start_loc, pad_slot_id, out, num_threads=None):
+            query_start_loc, pad_slot_id, out, num_threads=None, initial_state_indices=None):
     _core.conv_update_multi(x, conv_state, weight, bias, activation=activation,
                             num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                             query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=out,
-                            num_threads=num_threads)
+                            num_threads=num_threads, initial_state_indices=initial_state_indices)
 
 
 def _prefill(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
-             pad_slot_id, num_threads):
+             pad_slot_id, num_threads, initial_state_indices=None, snapshots=None):
     out = _core.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
                           query_start_loc=query_start_loc, cache_indices=cache_indices,
-                          has_initial_state=has_initial_state, pad_slot_id=pad_slot_id, num_threads=num_threads)
+                          has_initial_state=has_initial_state, pad_slot_id=pad_slot_id, num_threads=num_threads,
+                          initial_state_indices=initial_state_indices, snapshots=snapshots)
     return out if out.is_contiguous() else out.contiguous()
 
 
 def _prefill_out(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
-                 pad_slot_id, num_threads, out):
+                 pad_slot_id, num_threads, out, initial_state_indices=None, snapshots=None):
     _core.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
                     query_start_loc=query_start_loc, cache_indices=cache_indices,
                     has_initial_state=has_initial_state, pad_slot_id=pad_slot_id, num_threads=num_threads,
-                    out=out)
+                    out=out, initial_state_indices=initial_state_indices, snapshots=snapshots)
 
 
 _lib.impl("conv_update_multi", _op, "CPU")
@@ -99,41 +104,43 @@ def _one_device(op, **tensors):
 
 @torch.library.register_fake("gdnconv::conv_update_multi", lib=_lib)
 def _op_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-             query_start_loc, pad_slot_id, num_threads=None):
+             query_start_loc, pad_slot_id, num_threads=None, initial_state_indices=None):
     _one_device("conv_update_multi", x=x, conv_state=conv_state, weight=weight, bias=bias,
                 num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
-                query_start_loc=query_start_loc)
+                query_start_loc=query_start_loc, initial_state_indices=initial_state_indices)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @torch.library.register_fake("gdnconv::conv_update_multi_out", lib=_lib)
 def _op_out_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-                 query_start_loc, pad_slot_id, out, num_threads=None):
+                 query_start_loc, pad_slot_id, out, num_threads=None, initial_state_indices=None):
     _one_device("conv_update_multi_out", x=x, conv_state=conv_state, weight=weight, bias=bias,
                 num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
-                query_start_loc=query_start_loc, out=out)
+                query_start_loc=query_start_loc, out=out, initial_state_indices=initial_state_indices)
     return None
 
 
 @torch.library.register_fake("gdnconv::conv_prefill", lib=_lib)
 def _prefill_fake(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
-                  pad_slot_id, num_threads):
+                  pad_slot_id, num_threads, initial_state_indices=None, snapshots=None):
     _one_device("conv_prefill", x=x, weight=weight, bias=bias, conv_state=conv_state,
-                query_start_loc=query_start_loc, cache_indices=cache_indices, has_initial_state=has_initial_state)
+                query_start_loc=query_start_loc, cache_indices=cache_indices, has_initial_state=has_initial_state,
+                initial_state_indices=initial_state_indices, snapshots=snapshots)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @torch.library.register_fake("gdnconv::conv_prefill_out", lib=_lib)
 def _prefill_out_fake(x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
-                      has_initial_state, pad_slot_id, num_threads, out):
+                      has_initial_state, pad_slot_id, num_threads, out, initial_state_indices=None, snapshots=None):
     _one_device("conv_prefill_out", x=x, weight=weight, bias=bias, conv_state=conv_state,
                 query_start_loc=query_start_loc, cache_indices=cache_indices, has_initial_state=has_initial_state,
-                out=out)
+                out=out, initial_state_indices=initial_state_indices, snapshots=snapshots)
     return None
 
 
 def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu", num_accepted_tokens=None,
-                      conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None, num_threads=None):
+                      conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None, num_threads=None,
+                      initial_state_indices=None):
     """``gdnconv.conv_update_multi`` through the registered torch ops (torch tensors only).
 
     Same arguments, semantics and errors as ``gdnconv.conv_update_multi``; ``torch.compile``
@@ -144,14 +151,17 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu", nu
     if out is None:
         return torch.ops.gdnconv.conv_update_multi(x, conv_state, weight, bias, activation,
                                                    num_accepted_tokens, conv_state_indices,
-                                                   query_start_loc, pad_slot_id, num_threads)
+                                                   query_start_loc, pad_slot_id, num_threads,
+                                                   initial_state_indices)
     torch.ops.gdnconv.conv_update_multi_out(x, conv_state, weight, bias, activation, num_accepted_tokens,
-                                            conv_state_indices, query_start_loc, pad_slot_id, out, num_threads)
+                                            conv_state_indices, query_start_loc, pad_slot_id, out, num_threads,
+                                            initial_state_indices)
     return out
 
 
 def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
-                 cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None, num_threads=None):
+                 cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None, num_threads=None,
+                 initial_state_indices=None, snapshots=None):
     """``gdnconv.conv_prefill`` through the registered torch ops (torch tensors only).
 
     Same arguments, semantics and errors as ``gdnconv.conv_prefill`` (vLLM's
@@ -162,6 +172,6 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
     args = (x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
             pad_slot_id, num_threads)
     if out is None:
-        return torch.ops.gdnconv.conv_prefill(*args)
-    torch.ops.gdnconv.conv_prefill_out(*args, out)
+        return torch.ops.gdnconv.conv_prefill(*args, initial_state_indices, snapshots)
+    torch.ops.gdnconv.conv_prefill_out(*args, out, initial_state_indices, snapshots)
     return out

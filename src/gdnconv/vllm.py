@@ -29,8 +29,15 @@ Design:
 - The dtypes the core refuses are refused here with the core's messages: the only conversions
   are the prefill's ``x`` above and fp16/bf16 weights widened to float32 (exact) when they
   differ from the state's dtype.
-- Arguments gdnconv cannot honour yet (prefix-caching block indices) raise ValueError; none
-  is ignored.
+- Prefix caching (vLLM's block tables): ``conv_state_indices`` / ``cache_indices`` ``(batch,
+  max_blocks)`` with ``initial_state_idx``, ``block_idx_last_scheduled_token`` (and for the
+  prefill ``block_idx_first_scheduled_token``, ``num_computed_tokens``, ``block_size_to_align``)
+  become the core's per-request read slot (``initial_state_indices``), write slot and, for the
+  prefill, boundary ``snapshots`` (``_block_table``; ``gdnconv.reference.vllm_block_table_ref``
+  spells the mapping out). A request whose read block is ``null_block_id`` (when given) or
+  ``pad_slot_id`` is skipped, as vLLM's kernels skip it. Where vLLM's Triton kernel writes a
+  chunk shorter than ``width - 1`` into the read block (vLLM issue 56196), gdnconv writes the
+  last scheduled block. Block indices that contradict each other are a ValueError naming them.
 """
 import weakref
 
@@ -76,12 +83,94 @@ def _activation(activation, name="activation"):
     raise ValueError(f"{name} must be None, 'silu', 'swish' or a bool (vLLM's values), got {activation!r}")
 
 
-def _refuse(**unsupported):
-    for name, value in unsupported.items():
-        if value is not None:
-            raise ValueError(
-                f"{name} is not supported by gdnconv (prefix caching / block-table state indexing), got a "
-                f"{type(value).__name__}; call vLLM's own kernel for that path, or pass {name}=None")
+def _values(a, name, B):
+    """The first B entries of a (B,) index argument as an int64 NumPy array (values are read:
+    prefix caching's slots are resolved here)."""
+    if isinstance(a, torch.Tensor):
+        if a.is_floating_point() or a.is_complex() or a.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor (int32), got dtype {str(a.dtype)[6:]}")
+        a = a.numpy(force=True)
+    a = _index(a)
+    if a is None or a.ndim != 1 or a.shape[0] < B or a.dtype.kind not in "iu":
+        what = "None" if a is None else f"shape {a.shape}, dtype {a.dtype}"
+        raise ValueError(f"{name} must be a (batch,) = ({B},) integer array with prefix caching, got {what}")
+    return a[:B].astype(np.int64)
+
+
+def _block_table(indices, B, T, init_col, last_col, pad_slot_id, null_block_id, first_col=None, computed=None,
+                 block_size=0, name="conv_state_indices"):
+    """vLLM's block table as the core's slots: (write slots with pads, read slots, snapshot rows
+    or None). ``T``: (B,) tokens per request. Skips a request whose read block is the pad or
+    the null block; refuses columns out of range, a live request writing the pad or null block,
+    and (prefill) block indices that do not count the boundaries its tokens cross."""
+    idx = indices.numpy(force=True) if isinstance(indices, torch.Tensor) else _index(indices)
+    if idx is None or idx.ndim not in (1, 2) or idx.shape[0] < B or idx.dtype.kind not in "iu":
+        what = "None" if idx is None else f"shape {idx.shape}, dtype {idx.dtype}"
+        raise ValueError(f"{name} must be vLLM's (batch, max_blocks) = ({B}, ...) integer block table with "
+                         f"prefix caching, got {what}")
+    idx = (idx[:B, None] if idx.ndim == 1 else idx[:B]).astype(np.int64)
+    cols = {"initial_state_idx": _values(init_col, "initial_state_idx", B),
+            "block_idx_last_scheduled_token": _values(last_col, "block_idx_last_scheduled_token", B)}
+    if first_col is not None:
+        cols["block_idx_first_scheduled_token"] = _values(first_col, "block_idx_first_scheduled_token", B)
+    for col_name, col in cols.items():
+        bad = np.flatnonzero((col < 0) | (col >= idx.shape[1]))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{col_name}[{i}] = {col[i]} is not a column of {name} (shape {tuple(idx.shape)}): "
+                             f"block columns are 0..{idx.shape[1] - 1}")
+    rows = np.arange(B)
+    reads = idx[rows, cols["initial_state_idx"]]
+    writes = idx[rows, cols["block_idx_last_scheduled_token"]]
+    pads = [pad_slot_id] + ([] if null_block_id is None else [null_block_id])
+    skip = np.isin(reads, pads) | (T <= 0)
+    bad = np.flatnonzero(~skip & np.isin(writes, pads))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"block_idx_last_scheduled_token[{i}] = {cols['block_idx_last_scheduled_token'][i]} points "
+                         f"at {name}[{i}, {cols['block_idx_last_scheduled_token'][i]}] = {writes[i]}, a pad/null "
+                         f"block, while request {i}'s initial block {name}[{i}, {cols['initial_state_idx'][i]}] = "
+                         f"{reads[i]} is live: point it at the block that takes the request's final state, or mark "
+                         f"the request's initial block with pad_slot_id to skip it")
+    writes = np.where(skip, pad_slot_id, writes)
+    if first_col is None:
+        return writes.astype(np.int32), reads.astype(np.int32), None
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size <= 0 \
+            or block_size % 8:
+        raise ValueError(f"block_size_to_align = {block_size!r} must be a positive multiple of 8 with prefix "
+                         f"caching (vLLM's kernel stores the state every block_size_to_align tokens)")
+    n = _values(computed, "num_computed_tokens", B)
+    first = cols["block_idx_first_scheduled_token"]
+    crossed = (n + T - 1) // block_size - n // block_size       # boundaries p = k b - n with 0 < p < T
+    count = cols["block_idx_last_scheduled_token"] - first
+    bad = np.flatnonzero(~skip & ((count != crossed) | (n < 0)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"block_idx_last_scheduled_token[{i}] - block_idx_first_scheduled_token[{i}] = {count[i]}, "
+                         f"but request {i}'s {T[i]} tokens after num_computed_tokens[{i}] = {n[i]} cross {crossed[i]} "
+                         f"boundaries of block_size_to_align = {block_size}: vLLM's metadata has first = "
+                         f"num_computed_tokens // block_size, last = (num_computed_tokens + tokens - 1) // block_size")
+    live = np.flatnonzero(~skip & (crossed > 0))
+    req = np.repeat(live, crossed[live])
+    j = np.arange(req.size) - np.repeat(np.cumsum(crossed[live]) - crossed[live], crossed[live])
+    tokens = (n[req] // block_size + 1 + j) * block_size - n[req]
+    slots = idx[req, first[req] + j]
+    bad = np.flatnonzero(np.isin(slots, pads))
+    if bad.size:
+        k = int(bad[0])
+        raise ValueError(f"{name}[{req[k]}, {first[req[k]] + j[k]}] = {slots[k]} is a pad/null block, but request "
+                         f"{req[k]} stores the state after {tokens[k]} of its tokens there (a block boundary): give "
+                         f"every block the request fills a real block")
+    snaps = np.stack([req, tokens, slots], axis=1).astype(np.int32)
+    return writes.astype(np.int32), reads.astype(np.int32), snaps
+
+
+def _lengths(query_start_loc, B, T=None):
+    """(B,) tokens per request: query_start_loc's differences, or T for every request."""
+    if query_start_loc is None:
+        return np.full(B, T, dtype=np.int64)
+    q = _values(query_start_loc, "query_start_loc", B + 1)
+    return q[1:] - q[:-1]
 
 
 # ---- vLLM's packed weight ----
@@ -261,8 +350,15 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
             checked while torch.compile traces, and gdnconv computes every token anyway).
         null_block_id: when given, slots equal to it are padding too (vLLM's Triton binding
             passes 0, "block 0 is the null block"); default None: slot 0 is live, as in
-            vLLM's CPU binding.
-        block_idx_last_scheduled_token, initial_state_idx: prefix caching; must be None.
+            vLLM's CPU binding. With prefix caching: a request whose initial block is it is
+            skipped.
+        block_idx_last_scheduled_token, initial_state_idx: prefix caching, both or neither
+            (``(batch,)`` columns of the ``(batch, max_blocks)`` block table
+            ``conv_state_indices``): the state is read from block ``conv_state_indices[b,
+            initial_state_idx[b]]`` and the rolled state written to ``conv_state_indices[b,
+            block_idx_last_scheduled_token[b]]`` (the core's ``initial_state_indices`` and
+            ``conv_state_indices``), as vLLM's Triton kernel does; composes with
+            ``num_accepted_tokens``.
         validate_data: accepted; gdnconv always validates.
         out: tensor of ``x``'s shape and dtype; None: written into ``x``, as vLLM does.
         pad_slot_id: slots equal to it are skipped (default -1, vLLM's ``PAD_SLOT_ID``).
@@ -274,9 +370,6 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     Raises ValueError/TypeError naming the argument (with the caller's shapes) for anything
     gdnconv refuses; nothing is written then.
     """
-    if block_idx_last_scheduled_token is not None or initial_state_idx is not None:
-        _refuse(block_idx_last_scheduled_token=block_idx_last_scheduled_token,
-                initial_state_idx=initial_state_idx)
     activation = _activation(activation)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch tensor, got {type(x).__name__}")
@@ -311,11 +404,24 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
                         f"written into x (or out) in place, and vLLM computes in conv_state's dtype; pass "
                         f"x.to(conv_state.dtype), vLLM's own conversion, and use what the call returns")
     weight, bias = _weights(weight, bias, is_weight_packed, dtype)
-    indices = _pads(_first(conv_state_indices, B), pad_slot_id, null_block_id)
+    reads = None
+    if block_idx_last_scheduled_token is not None or initial_state_idx is not None:
+        if block_idx_last_scheduled_token is None or initial_state_idx is None:
+            given, missing = (("initial_state_idx", "block_idx_last_scheduled_token")
+                              if block_idx_last_scheduled_token is None else
+                              ("block_idx_last_scheduled_token", "initial_state_idx"))
+            raise ValueError(f"{given} is given without {missing}: prefix caching needs both (the block table's "
+                             f"columns of the state read and of the state written); pass both or neither")
+        lengths = _lengths(query_start_loc, B, 1 if x.dim() == 2 else x.shape[-1])
+        indices, reads, _ = _block_table(conv_state_indices, B, lengths, initial_state_idx,
+                                         block_idx_last_scheduled_token, pad_slot_id, null_block_id)
+    else:
+        indices = _pads(_first(conv_state_indices, B), pad_slot_id, null_block_id)
     target = x if out is None else out           # the core checks out's shape, dtype and overlaps
     _core._conv_update_vllm(x, conv_state, weight, bias, activation=activation,
                             num_accepted_tokens=_first(num_accepted_tokens, B), conv_state_indices=indices,
-                            query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=target)
+                            query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=target,
+                            initial_state_indices=reads)
     return target
 
 
@@ -344,9 +450,18 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
         activation: None, "silu", "swish", or a bool (True = silu).
         pad_slot_id: requests whose slot is this are skipped (default -1, vLLM's CPU binding).
         null_block_id: when given, requests whose slot is this are skipped too (vLLM's Triton
-            binding: block 0 is the null block); default None: slot 0 is live.
+            binding: block 0 is the null block); default None: slot 0 is live. With prefix
+            caching: a request whose initial block is it is skipped.
         block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx,
-        num_computed_tokens: prefix caching; must be None. block_size_to_align: must be 0.
+        num_computed_tokens, block_size_to_align: prefix caching, all or none (``(batch,)``
+            arrays; ``cache_indices`` the ``(batch, max_blocks)`` block table ``idx``): the
+            history is read from ``idx[b, initial_state_idx[b]]``, the final state written to
+            ``idx[b, block_idx_last_scheduled_token[b]]`` (also for chunks shorter than
+            ``width - 1``, where vLLM's Triton kernel writes the read block: vLLM issue 56196),
+            and the state after each of the request's ``p`` tokens with ``(num_computed_tokens[b]
+            + p) % block_size_to_align == 0``, ``0 < p < T_b``, into ``idx[b,
+            block_idx_first_scheduled_token[b] + j]`` in order; ``block_idx_last - block_idx_first``
+            must count those boundaries, ``block_size_to_align`` be a positive multiple of 8.
         metadata: vLLM's precomputed launch sizes; not needed, ignored.
         validate_data: accepted; gdnconv always validates.
         is_weight_packed: True when ``weight`` is in vLLM's packed layout (``unpack_weight``).
@@ -360,14 +475,17 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     Raises ValueError/TypeError naming the argument for anything gdnconv refuses (the
     errors of ``gdnconv.conv_prefill``, the prefix-caching arguments); nothing is written then.
     """
-    if (block_idx_first_scheduled_token is not None or block_idx_last_scheduled_token is not None
-            or initial_state_idx is not None or num_computed_tokens is not None):
-        _refuse(block_idx_first_scheduled_token=block_idx_first_scheduled_token,
-                block_idx_last_scheduled_token=block_idx_last_scheduled_token,
-                initial_state_idx=initial_state_idx, num_computed_tokens=num_computed_tokens)
-    if block_size_to_align:
-        raise ValueError(f"block_size_to_align = {block_size_to_align!r} (prefix caching) is not "
-                         f"supported by gdnconv; pass 0")
+    cache_args = {"block_idx_first_scheduled_token": block_idx_first_scheduled_token,
+                  "block_idx_last_scheduled_token": block_idx_last_scheduled_token,
+                  "initial_state_idx": initial_state_idx, "num_computed_tokens": num_computed_tokens}
+    given = [k for k, v in cache_args.items() if v is not None]
+    if given and len(given) < len(cache_args):
+        missing = [k for k in cache_args if k not in given]
+        raise ValueError(f"{', '.join(given)} given without {', '.join(missing)}: prefix caching needs all four "
+                         f"(with block_size_to_align); pass all or none")
+    if not given and block_size_to_align:
+        raise ValueError(f"block_size_to_align = {block_size_to_align!r} is given without the prefix-caching "
+                         f"block indices (block_idx_first_scheduled_token, ...): pass them, or 0")
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a (dim, num_tokens) tensor, got "
                          f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
@@ -380,11 +498,21 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     B = _batch(query_start_loc)
     dtype = x.dtype if conv_states is None else conv_states.dtype
     weight, bias = _weights(weight, bias, is_weight_packed, dtype)
-    indices = _pads(_first(cache_indices, B), pad_slot_id, null_block_id)
+    reads = snapshots = None
+    if given:
+        if conv_states is None:
+            raise ValueError("prefix caching's block indices are given without conv_states: pass the state cache "
+                             "they index")
+        indices, reads, snapshots = _block_table(
+            cache_indices, B, _lengths(query_start_loc, B), initial_state_idx, block_idx_last_scheduled_token,
+            pad_slot_id, null_block_id, block_idx_first_scheduled_token, num_computed_tokens, block_size_to_align,
+            name="cache_indices")
+    else:
+        indices = _pads(_first(cache_indices, B), pad_slot_id, null_block_id)
     out = _core._conv_prefill_vllm(_float_x(x, dtype), weight, bias, activation=_activation(activation),
                                    conv_state=conv_states, query_start_loc=query_start_loc,
                                    cache_indices=indices, has_initial_state=_first(has_initial_state, B),
-                                   pad_slot_id=pad_slot_id)
+                                   pad_slot_id=pad_slot_id, initial_state_indices=reads, snapshots=snapshots)
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
@@ -395,22 +523,25 @@ def _tokens(t):
 
 
 def _update_vllm_traced(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
-                        conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None):
+                        conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
+                        initial_state_indices=None):
     """``_core._conv_update_vllm`` as ``torch.compile`` traces it (views are free in a graph)."""
     res = _g.conv_update_multi(_tokens(x), conv_state.transpose(1, 2), weight, bias, activation=activation,
                                num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                                query_start_loc=query_start_loc, pad_slot_id=pad_slot_id,
-                               out=None if out is None else _tokens(out))
+                               out=None if out is None else _tokens(out), initial_state_indices=initial_state_indices)
     return _tokens(res) if out is None else out
 
 
 def _prefill_vllm_traced(x, weight, bias=None, *, activation=None, conv_state=None, query_start_loc=None,
-                         cache_indices=None, has_initial_state=None, pad_slot_id=-1):
+                         cache_indices=None, has_initial_state=None, pad_slot_id=-1, initial_state_indices=None,
+                         snapshots=None):
     """``_core._conv_prefill_vllm`` as ``torch.compile`` traces it."""
     return _g.conv_prefill(x.T, weight, bias, activation=activation,
                            conv_state=None if conv_state is None else conv_state.transpose(1, 2),
                            query_start_loc=query_start_loc, cache_indices=cache_indices,
-                           has_initial_state=has_initial_state, pad_slot_id=pad_slot_id).T
+                           has_initial_state=has_initial_state, pad_slot_id=pad_slot_id,
+                           initial_state_indices=initial_state_indices, snapshots=snapshots).T
 
 
 _compile.substitute(_core._conv_update_vllm, _update_vllm_traced)

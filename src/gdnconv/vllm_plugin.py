@@ -14,8 +14,11 @@ Design:
 - A patched function is replaced in its module and wherever an imported vLLM module holds it
   by name (``from ... import`` copies), so call sites bound before and after see gdnconv.
 - Each routed call counts in ``gdnconv.vllm.counters()``. A call gdnconv refuses (an argument
-  it does not take, e.g. prefix caching's block indices; nothing is written then) is handed to
-  vLLM's own function and counted as a fallback, logged once per site.
+  it does not know, or contradictory ones, e.g. half of prefix caching's block indices; nothing
+  is written then) is handed to vLLM's own function and counted as a fallback, logged once per
+  site. Prefix caching's block tables (``initial_state_idx``, ``block_idx_*``,
+  ``num_computed_tokens``, ``block_size_to_align``, with ``null_block_id``) are routed, with the
+  semantics of vLLM's Triton kernels (``gdnconv.vllm``), which vLLM's CPU functions lack.
 - ``GDNCONV_VLLM_SHADOW=1``: each routed call also runs vLLM's own function on clones of its
   tensors and compares: the conv state bit for bit, outputs and the recurrent state within a
   bf16 tolerance; a mismatch raises (for tests, far slower).
@@ -123,8 +126,8 @@ def _prefill_op(*, x, weight, bias, conv_states, query_start_loc, cache_indices,
                                silu_activation, is_weight_packed=is_weight_packed)
 
 
-_UNTAKEN = ("block_idx_last_scheduled_token", "initial_state_idx", "block_idx_first_scheduled_token",
-            "num_computed_tokens")
+_CACHE_KW = ("block_idx_last_scheduled_token", "initial_state_idx", "block_idx_first_scheduled_token",
+             "num_computed_tokens", "block_size_to_align")
 # what vLLM 0.32's callers pass these functions through **kwargs (anything else: vLLM's function)
 _UPDATE_KW = {"num_accepted_tokens", "max_query_len", "null_block_id", "validate_data", "is_weight_packed",
               "block_idx_last_scheduled_token", "initial_state_idx"}
@@ -134,15 +137,19 @@ _FN_KW = {"metadata", "validate_data", "null_block_id", "block_idx_first_schedul
 
 def _untaken(kwargs, known):
     """Refuse (so that vLLM's own function takes the call) keyword arguments gdnconv does not
-    take: prefix caching's block indices, and any it does not know."""
+    know."""
     unknown = set(kwargs) - known
     if unknown:
         raise ValueError(f"unknown arguments {sorted(unknown)}")
-    for name in _UNTAKEN:
-        if kwargs.get(name) is not None:
-            raise ValueError(f"{name} (prefix caching) is not taken by gdnconv yet")
-    if kwargs.get("block_size_to_align") not in (None, 0):
-        raise ValueError("block_size_to_align (prefix caching) is not taken by gdnconv yet")
+
+
+def _cache_kw(kwargs):
+    """Prefix caching's block-table arguments of a call, with null_block_id where given
+    (vLLM's Triton semantics, which gdnconv.vllm follows for these calls)."""
+    cache = {k: kwargs[k] for k in _CACHE_KW if kwargs.get(k) is not None}
+    if cache and kwargs.get("null_block_id") is not None:
+        cache["null_block_id"] = kwargs["null_block_id"]
+    return cache
 
 
 def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None,
@@ -162,7 +169,7 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
     res = gv.causal_conv1d_update(xc, conv_state, weight, bias, activation, conv_state_indices,
                                   kwargs.get("num_accepted_tokens"), query_start_loc,
                                   kwargs.get("max_query_len", -1), pad_slot_id=pad,
-                                  is_weight_packed=kwargs.get("is_weight_packed", False))
+                                  is_weight_packed=kwargs.get("is_weight_packed", False), **_cache_kw(kwargs))
     return res if res.dtype == x.dtype else res.to(x.dtype)
 
 
@@ -183,7 +190,7 @@ def _fn_cpu(x, weight, bias, conv_states, query_start_loc, cache_indices=None, h
     stock function reads no null_block_id, nor does this one)."""
     _untaken(kwargs, _FN_KW)
     return (_gv or _vllm_adapters()).causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
-                               activation, pad_slot_id)
+                               activation, pad_slot_id, **_cache_kw(kwargs))
 
 
 def _spec_forward(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_state, width, state_len):
