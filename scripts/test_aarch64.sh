@@ -11,13 +11,21 @@
 # to a wrapper script, so sys.executable is that wrapper, which starts qemu again.
 #
 # Usage: scripts/test_aarch64.sh [pytest args]   (runs as root: installs host tools with apt)
+#        scripts/test_aarch64.sh --quick        (no sysroot, no Python: a few minutes)
 # GDNCONV_AARCH64_DIR: work folder (default /tmp/gdnconv-aarch64, reused: the sysroot and
 # wheels are fetched once); GDNCONV_AARCH64_TIMEOUT: limit of the pytest run in seconds
-# (default 3600).
+# (default 3600); GDNCONV_AARCH64_CPU: qemu's -cpu (default max, which has BF16 and SVE;
+# cortex-a57 or neoverse-n1 have no BF16: the neonbf16 row is then unavailable). The
+# kernel row is chosen as on hardware: GDNCONV_ISA=neon runs the suite on that row.
+#
+# --quick cross-builds the C kernels with benchmarks/compare_isas.c (static, so no
+# sysroot) and runs it under qemu: every aarch64 row against the portable kernel on its
+# grid with -cpu max, then with -cpu cortex-a57, where the BF16 row must be unavailable.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${GDNCONV_AARCH64_DIR:-/tmp/gdnconv-aarch64}
 limit=${GDNCONV_AARCH64_TIMEOUT:-3600}
+cpu=${GDNCONV_AARCH64_CPU:-max}
 py=3.11   # bookworm's Python
 started=$SECONDS
 step() { echo "=== aarch64 [$((SECONDS - started)) s] $*"; }
@@ -27,6 +35,22 @@ step "host tools: cross compiler, qemu-user"
 if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64-static >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-aarch64-linux-gnu qemu-user-static >/dev/null
+fi
+
+if [ "${1:-}" = "--quick" ]; then
+    step "cross-build benchmarks/compare_isas.c with the kernels (static)"
+    (cd "$repo" && nice aarch64-linux-gnu-gcc -static -O3 -fno-math-errno -fno-trapping-math -fopenmp \
+        -Wno-unused-function -Iinclude -Isrc/csrc benchmarks/compare_isas.c src/csrc/[a-z]*.c -lm \
+        -o "$work/compare_isas" 2>&1 | grep -v -e dlopen -e 'in function .goacc' || true)
+    step "every aarch64 row against the portable kernel, qemu -cpu max"
+    qemu-aarch64-static -cpu max "$work/compare_isas"
+    step "qemu -cpu cortex-a57 (Armv8.0, no BF16): neon runs, neonbf16 is unavailable"
+    qemu-aarch64-static -cpu cortex-a57 "$work/compare_isas" neon
+    if qemu-aarch64-static -cpu cortex-a57 "$work/compare_isas" neonbf16; then
+        echo "neonbf16 ran on a CPU without BF16"; exit 1
+    fi
+    step "quick check passed"
+    exit 0
 fi
 
 sysroot=$work/sysroot
@@ -70,7 +94,7 @@ ls "$sysroot/usr/bin/python$py" >/dev/null
 wrapper=$sysroot/usr/bin/python3-qemu
 cat > "$wrapper" <<EOF
 #!/bin/sh
-exec qemu-aarch64-static -L "$sysroot" -0 "\$0" "$sysroot/usr/bin/python$py" "\$@"
+exec qemu-aarch64-static -cpu "$cpu" -L "$sysroot" -0 "\$0" "$sysroot/usr/bin/python$py" "\$@"
 EOF
 chmod +x "$wrapper"
 

@@ -62,7 +62,9 @@ def test_isa_lists_and_set_isa():
     compiled, available = gdnconv.compiled_isas(), gdnconv.available_isas()
     assert compiled[-1] == "scalar" and available[-1] == "scalar"
     assert [n for n in compiled if n in available] == available
-    assert set(compiled) <= {"avx512bf16", "avx512", "avx2", "scalar"}
+    assert set(compiled) <= {"avx512bf16", "avx512", "avx2", "neonbf16", "neon", "scalar"}
+    if platform.machine() in ("aarch64", "arm64"):   # the NEON rows are built wherever GCC >= 10 / clang >= 11
+        assert compiled == ["neonbf16", "neon", "scalar"], compiled
     previous = gdnconv.active_isa()
     try:
         for name in available:
@@ -86,7 +88,7 @@ def test_available_isas_follow_cpu_features():
     f = gdnconv.cpu_features()
     expected = set(f) == {"sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
                           "avx512dq", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
-                          "amx_int8", "os_avx", "os_avx512", "os_amx", "asimd", "sve"}
+                          "amx_int8", "os_avx", "os_avx512", "os_amx", "asimd", "sve", "bf16"}
     assert expected, sorted(f)
     assert all(isinstance(v, bool) for v in f.values())
     available = gdnconv.available_isas()
@@ -95,6 +97,9 @@ def test_available_isas_follow_cpu_features():
     if "avx512" in gdnconv.compiled_isas():
         want = all(f[k] for k in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "os_avx512"))
         assert ("avx512" in available) == want
+    if "neon" in gdnconv.compiled_isas():
+        assert ("neon" in available) == f["asimd"]
+        assert ("neonbf16" in available) == (f["asimd"] and f["bf16"])
 
 
 def _cpuinfo_flags():
