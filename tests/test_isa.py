@@ -180,19 +180,23 @@ def test_isa_availability_follows_cpu_features():
     avx2 = f["os_avx"] and f["avx2"] and f["fma"] and f["f16c"]
     avx512 = (f["os_avx512"] and f["avx512f"] and f["avx512bw"] and f["avx512vl"] and f["avx512dq"]
               and f["fma"] and f["f16c"])
-    expect = {"avx2": avx2, "avx512": avx512, "avx512bf16": avx512 and f["avx512_bf16"], "scalar": True}
+    expect = {"avx2": avx2, "avx512": avx512, "avx512bf16": avx512 and f["avx512_bf16"],
+              "neon": f["asimd"], "neonbf16": f["asimd"] and f["bf16"], "scalar": True}
     for name in compiled:
         assert (name in available) == bool(expect[name]), (name, f)
 
 
+@pytest.mark.parametrize("native,integer", [("avx512bf16", "avx512"), ("neonbf16", "neon")],
+                         ids=["avx512bf16", "neonbf16"])
 @pytest.mark.parametrize("activation", ["silu", None], ids=["silu", "noact"])
-def test_bf16_native_store_matches_integer_rounding(rng, activation):
+def test_bf16_native_store_matches_integer_rounding(rng, activation, native, integer):
     """avx512bf16 stores bf16 with the CPU's conversion instructions (which flush subnormals)
-    and redoes a line holding a zero or subnormal result; avx512 rounds in integer arithmetic.
-    Both round the same fp32 results to nearest even, so outputs agree bit for bit, on data
-    with zeros and subnormal-scale values scattered through the lines."""
-    if not {"avx512bf16", "avx512"} <= set(gdnconv.available_isas()):
-        pytest.skip(f"CPU lacks avx512bf16 or avx512 (available: {gdnconv.available_isas()})")
+    and redoes a line holding a zero or subnormal result; neonbf16 with BFCVTN (which keeps
+    them); avx512 and neon round in integer arithmetic. All round the same fp32 results to
+    nearest even, so outputs agree bit for bit, on data with zeros and subnormal-scale values
+    scattered through the lines."""
+    if not {native, integer} <= set(gdnconv.available_isas()):
+        pytest.skip(f"CPU lacks {native} or {integer} (available: {gdnconv.available_isas()})")
     B, T, D, W, L = 5, 4, 1000 + 37, 4, 6
     x = rng.standard_normal((B, T, D)).astype(np.float32)
     u = rng.random(x.shape)
@@ -208,11 +212,11 @@ def test_bf16_native_store_matches_integer_rounding(rng, activation):
     outs = {}
     previous = gdnconv.active_isa()
     try:
-        for name in ("avx512bf16", "avx512"):
+        for name in (native, integer):
             gdnconv.set_isa(name)
             outs[name] = gdnconv.conv_update_multi(x, state.copy(), w, **kw)
     finally:
         gdnconv.set_isa(previous)
-    tiny = np.abs(f64(outs["avx512"])) < 2.0 ** -126
-    assert np.count_nonzero(tiny & (outs["avx512"] != 0)) > 0, "no subnormal outputs: the case is not exercised"
-    assert_bits_equal(outs["avx512bf16"], outs["avx512"], "avx512bf16 vs avx512 outputs")
+    tiny = np.abs(f64(outs[integer])) < 2.0 ** -126
+    assert np.count_nonzero(tiny & (outs[integer] != 0)) > 0, "no subnormal outputs: the case is not exercised"
+    assert_bits_equal(outs[native], outs[integer], f"{native} vs {integer} outputs")
