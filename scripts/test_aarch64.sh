@@ -142,6 +142,10 @@ step "tests under qemu (limit $limit s)"
 rm -rf "$work/run"
 mkdir -p "$work/run"
 cp -r "$repo/tests" "$work/run/tests"
+# what tests read besides the package: the README's and docs' examples, the benchmark harness
+for extra in README.md docs examples benchmarks; do
+    if [ -e "$repo/$extra" ]; then cp -r "$repo/$extra" "$work/run/"; fi
+done
 cd "$work/run"
 export PYTHONPATH=$site PYTHONNOUSERSITE=1
 "$wrapper" -c "import gdnconv, sys; print('gdnconv', gdnconv.__file__, 'isa', gdnconv.active_isa(), 'compiled', gdnconv.compiled_isas(), 'executable', sys.executable)"

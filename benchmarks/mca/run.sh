@@ -22,9 +22,15 @@ python3 "$repo/benchmarks/mca/loops.py" "$tmp/port.s" mca_portable "$tmp/pm" > /
 silu=$(grep -o 'bl[[:space:]]*gdn_silu_row[.a-z0-9]*' "$tmp/port.s" | tail -1 | awk '{print $2}')
 python3 "$repo/benchmarks/mca/loops.py" "$tmp/port.s" "$silu" "$tmp/ps" > /dev/null
 
+"${cc[@]}" "$repo/benchmarks/mca/pr54093_reconstructed.c" -o "$tmp/pr.s"
+awk '/LLVM-MCA-BEGIN/{p=1} p{print} /LLVM-MCA-END/{p=0}' "$tmp/pr.s" > "$tmp/pr.r.s"
+# update_simd.h's staging at T = 1, plain mode, per 16 bf16 channels (32 bytes a row): state
+# rows in (3), the token (1), state rows out (3), the window shift (3): 20 q loads + 20 q stores
+for i in $(seq 0 19); do printf 'ldr q%d, [x0, #%d]\nstr q%d, [x1, #%d]\n' $((i % 8)) $((16 * i)) $((i % 8)) $((16 * i)); done > "$tmp/copy.s"
+
 # cycles per iteration of file $2 on cpu $1 (empty if llvm-mca cannot take it, e.g. BFCVTN on N1)
 cyc() { "$mca" -mtriple=aarch64-linux-gnu -mcpu="$1" -iterations=200 "$2" 2>/dev/null \
-        | awk '/Total Cycles/{printf "%.2f", $3 / 200}'; }
+        | awk '/Total Cycles/{printf "%.2f", $3 / 200}' || true; }
 per() { [ -n "$1" ] && awk -v c="$1" -v n="$2" 'BEGIN{printf "%.3f", c / n}' || echo "n/a"; }
 printf "%-13s %-44s %10s %10s %14s\n" cpu loop "cyc/iter" "out/iter" "cyc/output"
 for cpu in "${cpus[@]}"; do
@@ -39,4 +45,8 @@ for cpu in "${cpus[@]}"; do
         name=$([ $v = neon ] && echo "neon: simd_tokens (16 channels, 1 token)" || echo "neonbf16: simd_tokens (BFCVTN stores)")
         printf "%-13s %-44s %10s %10s %14s\n" "$cpu" "$name" "$c" 16 "$(per "$c" 16)"
     done
+    c=$(cyc "$cpu" "$tmp/copy.s")
+    printf "%-13s %-44s %10s %10s %14s\n" "$cpu" "neon*: staging copies, T=1 plain (add)" "$c" 16 "$(per "$c" 16)"
+    c=$(cyc "$cpu" "$tmp/pr.r.s")
+    printf "%-13s %-44s %10s %10s %14s\n" "$cpu" "PR 54093 (reconstructed): 8 channels, 1 token" "$c" 8 "$(per "$c" 8)"
 done
