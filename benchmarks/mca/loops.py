@@ -17,7 +17,8 @@ for k, line in enumerate(body):
         blk = [x for x in body[labels[m.group(2).split(",")[-1].strip()] + 1:k + 1]
                if x.startswith("\t") and not x.strip().startswith(".")]
         if any(re.search(r"\bv\d+\.|\bq\d+\b", x) for x in blk):
-            print(f"loop {n}: {len(blk)} instructions, {sum('v' in x.split()[1] if len(x.split()) > 1 else 0 for x in blk)} vector")
+            vec = sum(1 for x in blk if re.search(r"\bv\d+\.", x))
+            print(f"loop {n}: {len(blk)} instructions, {vec} on vector registers")
             if len(sys.argv) > 3:
                 open(f"{sys.argv[3]}.{n}.s", "w").write("\n".join(blk) + "\n")
             n += 1
