@@ -11,13 +11,22 @@
 # to a wrapper script, so sys.executable is that wrapper, which starts qemu again.
 #
 # Usage: scripts/test_aarch64.sh [pytest args]   (runs as root: installs host tools with apt)
+#        scripts/test_aarch64.sh --quick        (no sysroot, no Python: a few minutes)
+#        scripts/test_aarch64.sh --wheel [pytest args]   (the wheel, installed, tested)
 # GDNCONV_AARCH64_DIR: work folder (default /tmp/gdnconv-aarch64, reused: the sysroot and
 # wheels are fetched once); GDNCONV_AARCH64_TIMEOUT: limit of the pytest run in seconds
-# (default 3600).
+# (default 3600); GDNCONV_AARCH64_CPU: qemu's -cpu (default max, which has BF16 and SVE;
+# cortex-a57 or neoverse-n1 have no BF16: the neonbf16 row is then unavailable). The
+# kernel row is chosen as on hardware: GDNCONV_ISA=neon runs the suite on that row.
+#
+# --quick cross-builds the C kernels with benchmarks/compare_isas.c (static, so no
+# sysroot) and runs it under qemu: every aarch64 row against the portable kernel on its
+# grid with -cpu max, then with -cpu cortex-a57, where the BF16 row must be unavailable.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${GDNCONV_AARCH64_DIR:-/tmp/gdnconv-aarch64}
 limit=${GDNCONV_AARCH64_TIMEOUT:-3600}
+cpu=${GDNCONV_AARCH64_CPU:-max}
 py=3.11   # bookworm's Python
 started=$SECONDS
 step() { echo "=== aarch64 [$((SECONDS - started)) s] $*"; }
@@ -27,6 +36,22 @@ step "host tools: cross compiler, qemu-user"
 if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64-static >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-aarch64-linux-gnu qemu-user-static >/dev/null
+fi
+
+if [ "${1:-}" = "--quick" ]; then
+    step "cross-build benchmarks/compare_isas.c with the kernels (static)"
+    (cd "$repo" && nice aarch64-linux-gnu-gcc -static -O3 -fno-math-errno -fno-trapping-math -fopenmp \
+        -Wno-unused-function -Iinclude -Isrc/csrc benchmarks/compare_isas.c src/csrc/[a-z]*.c -lm \
+        -o "$work/compare_isas" 2>&1 | grep -v -e dlopen -e 'in function .goacc' || true)
+    step "every aarch64 row against the portable kernel, qemu -cpu max"
+    qemu-aarch64-static -cpu max "$work/compare_isas"
+    step "qemu -cpu cortex-a57 (Armv8.0, no BF16): neon runs, neonbf16 is unavailable"
+    qemu-aarch64-static -cpu cortex-a57 "$work/compare_isas" neon
+    if qemu-aarch64-static -cpu cortex-a57 "$work/compare_isas" neonbf16; then
+        echo "neonbf16 ran on a CPU without BF16"; exit 1
+    fi
+    step "quick check passed"
+    exit 0
 fi
 
 sysroot=$work/sysroot
@@ -70,7 +95,7 @@ ls "$sysroot/usr/bin/python$py" >/dev/null
 wrapper=$sysroot/usr/bin/python3-qemu
 cat > "$wrapper" <<EOF
 #!/bin/sh
-exec qemu-aarch64-static -L "$sysroot" -0 "\$0" "$sysroot/usr/bin/python$py" "\$@"
+exec qemu-aarch64-static -cpu "$cpu" -L "$sysroot" -0 "\$0" "$sysroot/usr/bin/python$py" "\$@"
 EOF
 chmod +x "$wrapper"
 
@@ -92,6 +117,53 @@ if [ ! -e "$hostvenv/.complete" ]; then
     python3 -m venv "$hostvenv"
     "$hostvenv/bin/python" -m pip install -q "setuptools>=77" "Cython>=3.0" "numpy>=2.0"
     touch "$hostvenv/.complete"
+fi
+
+if [ "${1:-}" = "--wheel" ]; then
+    shift
+    # The wheel from an sdist, as the release configuration builds it (setup.py's flags, no
+    # -march), cross-compiled: the x86-64 host Python runs setuptools, SETUPTOOLS_EXT_SUFFIX
+    # names the module for aarch64 and the tag is manylinux_2_28_aarch64 (cibuildwheel's
+    # image; auditwheel is not run, so libgomp comes from the sysroot, not the wheel). It is
+    # installed into an aarch64 venv made under qemu, with the test tools beside it, and the
+    # suite runs from a folder holding only the tests.
+    wd=$work/wheel
+    rm -rf "$wd"
+    mkdir -p "$wd/src"
+    step "sdist"
+    (cd "$repo" && cp -r README.md LICENSE MANIFEST.in pyproject.toml setup.py include src "$wd/src/")
+    find "$wd/src" \( -name '*.so' -o -name '_core.c' -o -name __pycache__ \) -prune -exec rm -rf {} +
+    (cd "$wd/src" && nice "$hostvenv/bin/python" setup.py -q sdist -d "$wd/sdist" >/dev/null)
+    step "cross-build the wheel from the sdist"
+    mkdir -p "$wd/build" && tar -xzf "$wd"/sdist/*.tar.gz -C "$wd/build"
+    (cd "$wd"/build/gdnconv-* && CC=aarch64-linux-gnu-gcc LDSHARED="aarch64-linux-gnu-gcc -shared" \
+        CFLAGS="-I$sysroot/usr/include/python$py -I$sysroot/usr/include -I$site/numpy/_core/include" \
+        SETUPTOOLS_EXT_SUFFIX=".cpython-${py/./}-aarch64-linux-gnu.so" \
+        nice "$hostvenv/bin/python" setup.py -q bdist_wheel --plat-name manylinux_2_28_aarch64 -d "$wd/dist")
+    whl=$(ls "$wd"/dist/*.whl)
+    echo "wheel: $(basename "$whl") ($(du -k "$whl" | cut -f1) KiB)"
+    step "aarch64 venv under qemu, the wheel installed into it"
+    "$wrapper" -m venv --without-pip "$wd/venv"
+    vsite=$wd/venv/lib/python$py/site-packages
+    python3 -m pip install -q --no-deps --target "$vsite" --only-binary=:all: --implementation cp \
+        --python-version "$py" --platform manylinux_2_28_aarch64 "$whl"
+    cp -r "$site"/. "$wd/deps" && rm -rf "$wd/deps/gdnconv"
+    mkdir -p "$wd/run" && cp -r "$repo/tests" "$wd/run/tests"
+    for extra in README.md docs examples benchmarks; do
+        if [ -e "$repo/$extra" ]; then cp -r "$repo/$extra" "$wd/run/"; fi
+    done
+    cd "$wd/run"
+    # venv/bin/python links to the wrapper, which passes its own name as argv[0]: the
+    # interpreter finds pyvenv.cfg and takes the venv's site-packages
+    vpy=$wd/venv/bin/python
+    export PYTHONPATH=$wd/deps PYTHONNOUSERSITE=1
+    "$vpy" -c "import sys; assert sys.prefix != sys.base_prefix, sys.prefix"
+    "$vpy" -c "import gdnconv; print('gdnconv', gdnconv.__file__, gdnconv.__version__, 'isa', gdnconv.active_isa(), gdnconv.compiled_isas())"
+    set +e
+    timeout "$limit" "$vpy" -m pytest -q -p no:cacheprovider "$@"
+    rc=$?
+    step "pytest from the wheel: exit status $rc"
+    exit "$rc"
 fi
 
 step "cross-build the extension"
@@ -118,6 +190,10 @@ step "tests under qemu (limit $limit s)"
 rm -rf "$work/run"
 mkdir -p "$work/run"
 cp -r "$repo/tests" "$work/run/tests"
+# what tests read besides the package: the README's and docs' examples, the benchmark harness
+for extra in README.md docs examples benchmarks; do
+    if [ -e "$repo/$extra" ]; then cp -r "$repo/$extra" "$work/run/"; fi
+done
 cd "$work/run"
 export PYTHONPATH=$site PYTHONNOUSERSITE=1
 "$wrapper" -c "import gdnconv, sys; print('gdnconv', gdnconv.__file__, 'isa', gdnconv.active_isa(), 'compiled', gdnconv.compiled_isas(), 'executable', sys.executable)"

@@ -62,7 +62,9 @@ def test_isa_lists_and_set_isa():
     compiled, available = gdnconv.compiled_isas(), gdnconv.available_isas()
     assert compiled[-1] == "scalar" and available[-1] == "scalar"
     assert [n for n in compiled if n in available] == available
-    assert set(compiled) <= {"avx512bf16", "avx512", "avx2", "scalar"}
+    assert set(compiled) <= {"avx512bf16", "avx512", "avx2", "neonbf16", "neon", "scalar"}
+    if platform.machine() in ("aarch64", "arm64"):   # the NEON rows are built wherever GCC >= 10 / clang >= 11
+        assert compiled == ["neonbf16", "neon", "scalar"], compiled
     previous = gdnconv.active_isa()
     try:
         for name in available:
@@ -86,7 +88,7 @@ def test_available_isas_follow_cpu_features():
     f = gdnconv.cpu_features()
     expected = set(f) == {"sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
                           "avx512dq", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
-                          "amx_int8", "os_avx", "os_avx512", "os_amx", "asimd", "sve"}
+                          "amx_int8", "os_avx", "os_avx512", "os_amx", "asimd", "sve", "bf16"}
     assert expected, sorted(f)
     assert all(isinstance(v, bool) for v in f.values())
     available = gdnconv.available_isas()
@@ -95,6 +97,9 @@ def test_available_isas_follow_cpu_features():
     if "avx512" in gdnconv.compiled_isas():
         want = all(f[k] for k in ("avx512f", "avx512bw", "avx512vl", "avx512dq", "os_avx512"))
         assert ("avx512" in available) == want
+    if "neon" in gdnconv.compiled_isas():
+        assert ("neon" in available) == f["asimd"]
+        assert ("neonbf16" in available) == (f["asimd"] and f["bf16"])
 
 
 def _cpuinfo_flags():
@@ -175,19 +180,23 @@ def test_isa_availability_follows_cpu_features():
     avx2 = f["os_avx"] and f["avx2"] and f["fma"] and f["f16c"]
     avx512 = (f["os_avx512"] and f["avx512f"] and f["avx512bw"] and f["avx512vl"] and f["avx512dq"]
               and f["fma"] and f["f16c"])
-    expect = {"avx2": avx2, "avx512": avx512, "avx512bf16": avx512 and f["avx512_bf16"], "scalar": True}
+    expect = {"avx2": avx2, "avx512": avx512, "avx512bf16": avx512 and f["avx512_bf16"],
+              "neon": f["asimd"], "neonbf16": f["asimd"] and f["bf16"], "scalar": True}
     for name in compiled:
         assert (name in available) == bool(expect[name]), (name, f)
 
 
+@pytest.mark.parametrize("native,integer", [("avx512bf16", "avx512"), ("neonbf16", "neon")],
+                         ids=["avx512bf16", "neonbf16"])
 @pytest.mark.parametrize("activation", ["silu", None], ids=["silu", "noact"])
-def test_bf16_native_store_matches_integer_rounding(rng, activation):
+def test_bf16_native_store_matches_integer_rounding(rng, activation, native, integer):
     """avx512bf16 stores bf16 with the CPU's conversion instructions (which flush subnormals)
-    and redoes a line holding a zero or subnormal result; avx512 rounds in integer arithmetic.
-    Both round the same fp32 results to nearest even, so outputs agree bit for bit, on data
-    with zeros and subnormal-scale values scattered through the lines."""
-    if not {"avx512bf16", "avx512"} <= set(gdnconv.available_isas()):
-        pytest.skip(f"CPU lacks avx512bf16 or avx512 (available: {gdnconv.available_isas()})")
+    and redoes a line holding a zero or subnormal result; neonbf16 with BFCVTN (which keeps
+    them); avx512 and neon round in integer arithmetic. All round the same fp32 results to
+    nearest even, so outputs agree bit for bit, on data with zeros and subnormal-scale values
+    scattered through the lines."""
+    if not {native, integer} <= set(gdnconv.available_isas()):
+        pytest.skip(f"CPU lacks {native} or {integer} (available: {gdnconv.available_isas()})")
     B, T, D, W, L = 5, 4, 1000 + 37, 4, 6
     x = rng.standard_normal((B, T, D)).astype(np.float32)
     u = rng.random(x.shape)
@@ -203,11 +212,11 @@ def test_bf16_native_store_matches_integer_rounding(rng, activation):
     outs = {}
     previous = gdnconv.active_isa()
     try:
-        for name in ("avx512bf16", "avx512"):
+        for name in (native, integer):
             gdnconv.set_isa(name)
             outs[name] = gdnconv.conv_update_multi(x, state.copy(), w, **kw)
     finally:
         gdnconv.set_isa(previous)
-    tiny = np.abs(f64(outs["avx512"])) < 2.0 ** -126
-    assert np.count_nonzero(tiny & (outs["avx512"] != 0)) > 0, "no subnormal outputs: the case is not exercised"
-    assert_bits_equal(outs["avx512bf16"], outs["avx512"], "avx512bf16 vs avx512 outputs")
+    tiny = np.abs(f64(outs[integer])) < 2.0 ** -126
+    assert np.count_nonzero(tiny & (outs[integer] != 0)) > 0, "no subnormal outputs: the case is not exercised"
+    assert_bits_equal(outs[native], outs[integer], f"{native} vs {integer} outputs")

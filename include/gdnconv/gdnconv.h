@@ -51,6 +51,7 @@ typedef enum {
     GDN_FEATURE_AMX_TILE, GDN_FEATURE_AMX_BF16, GDN_FEATURE_AMX_INT8,
     GDN_FEATURE_OS_AVX, GDN_FEATURE_OS_AVX512, GDN_FEATURE_OS_AMX, /* XCR0: the OS saves YMM / ZMM / tiles */
     GDN_FEATURE_ASIMD, GDN_FEATURE_SVE,                             /* aarch64 */
+    GDN_FEATURE_BF16,                                               /* aarch64 FEAT_BF16 */
     GDN_FEATURE_COUNT
 } gdn_feature;
 

@@ -30,6 +30,18 @@
 #define GDN_HAVE_X86_SIMD 1
 #endif
 
+/* The aarch64 SIMD kernels (NEON, and NEON + BF16 in a target region) where the
+ * compiler has the BF16 intrinsics: GCC >= 10, clang >= 11. */
+#if defined(__aarch64__) && defined(__ARM_NEON) && \
+    ((defined(__clang__) && __clang_major__ >= 11) || \
+     (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 10))
+#define GDN_HAVE_NEON_SIMD 1
+/* FEAT_BF16 is an Armv8.2+ option, so every CPU with it has Armv8.2-A (GCC's arm_neon.h
+ * declares its BF16 intrinsics for "arch=armv8.2-a+bf16", which a caller must include;
+ * clang takes the same string, untested here) */
+#define GDN_NEON_BF16_TARGET "arch=armv8.2-a+bf16"
+#endif
+
 /* GDN_TARGET_BEGIN("avx2,fma") ... GDN_TARGET_END: every function between them is
  * compiled for those instruction sets (intrinsic headers go before the region). */
 #define GDN_PRAGMA(x) _Pragma(#x)

@@ -11,7 +11,7 @@ static const char *const names[GDN_FEATURE_COUNT] = {
     [GDN_FEATURE_AMX_TILE] = "amx_tile", [GDN_FEATURE_AMX_BF16] = "amx_bf16",
     [GDN_FEATURE_AMX_INT8] = "amx_int8",
     [GDN_FEATURE_OS_AVX] = "os_avx", [GDN_FEATURE_OS_AVX512] = "os_avx512", [GDN_FEATURE_OS_AMX] = "os_amx",
-    [GDN_FEATURE_ASIMD] = "asimd", [GDN_FEATURE_SVE] = "sve",
+    [GDN_FEATURE_ASIMD] = "asimd", [GDN_FEATURE_SVE] = "sve", [GDN_FEATURE_BF16] = "bf16",
 };
 
 static unsigned char has[GDN_FEATURE_COUNT];

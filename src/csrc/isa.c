@@ -14,6 +14,10 @@ static const gdn_isa table[] = {
     {"avx512", AVX512_FEATURES, gdn_update_avx512, 1, gdn_fill_avx512, 1, gdn_prefill_avx512},
     {"avx2", AVX2_FEATURES, gdn_update_avx2, 1, gdn_fill_avx2, 1, gdn_prefill_avx2},
 #endif
+#ifdef GDN_HAVE_NEON_SIMD
+    {"neonbf16", F(ASIMD) | F(BF16), gdn_update_neonbf16, 1, gdn_fill_neon, 1, gdn_prefill_neonbf16},
+    {"neon", F(ASIMD), gdn_update_neon, 1, gdn_fill_neon, 1, gdn_prefill_neon},
+#endif
     {"scalar", 0, gdn_update_scalar, 0, NULL, GDN_BLOCK_REQUESTS, gdn_prefill_scalar},
 };
 #define COUNT ((int)(sizeof(table) / sizeof(table[0])))

@@ -59,6 +59,12 @@ void gdn_prefill_avx512(const gdn_prefill_params *p, const float *w, int64_t ld,
 void gdn_prefill_avx512bf16(const gdn_prefill_params *p, const float *w, int64_t ld, const float *b,
                             int64_t i, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
 #endif
+#ifdef GDN_HAVE_NEON_SIMD
+void gdn_prefill_neon(const gdn_prefill_params *p, const float *w, int64_t ld, const float *b, int64_t i,
+                      int64_t c0, int64_t c1, int64_t t0, int64_t t1);
+void gdn_prefill_neonbf16(const gdn_prefill_params *p, const float *w, int64_t ld, const float *b,
+                          int64_t i, int64_t c0, int64_t c1, int64_t t0, int64_t t1);
+#endif
 
 /* The portable core (prefill_scalar.c): request r, channels [c0, c1), tokens
  * [t0, t1), any strides; the SIMD kernels call it for their channel tails. */

@@ -30,6 +30,11 @@ void gdn_update_avx512(const gdn_update_params *p, int64_t r0, int64_t r1, int64
 void gdn_fill_avx512(const gdn_update_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b);
 void gdn_update_avx512bf16(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
 #endif
+#ifdef GDN_HAVE_NEON_SIMD
+void gdn_update_neon(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+void gdn_fill_neon(const gdn_update_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b);
+void gdn_update_neonbf16(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+#endif
 
 /* ---- one request ---- */
 typedef struct gdn_request {

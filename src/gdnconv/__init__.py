@@ -3,9 +3,9 @@ Mamba-style layers (Qwen3-Next, Qwen3.5, Mamba2, ...) in decoding and speculativ
 decoding. ``conv_update_multi`` follows vLLM's ``causal_conv1d_update``, and
 ``conv_prefill`` (the prompt, which seeds each request's state) its ``causal_conv1d_fn``.
 
-The kernel (``avx512bf16``, ``avx512``, ``avx2`` or the portable ``scalar``) is chosen
-once at import: the best one this CPU supports, or the one named by the ``GDNCONV_ISA``
-environment variable. ``gdnconv.reference`` is the float64 definition of the op,
+The kernel (``avx512bf16``, ``avx512``, ``avx2``; ``neonbf16``, ``neon`` on aarch64; or the
+portable ``scalar``) is chosen once at import: the best one this CPU supports, or the one
+named by the ``GDNCONV_ISA`` environment variable. ``gdnconv.reference`` is the float64 definition of the op,
 ``gdnconv.testing`` the accepted error, ``gdnconv simulate`` the main job. Inside a function
 that ``torch.compile`` traces, the calls on tensors trace as the ``gdnconv::`` torch ops.
 """

@@ -121,7 +121,7 @@ def get_num_threads():
 
 def cpu_features():
     """Dict of the CPU features gdnconv detects: x86 (cpuid + xgetbv) and aarch64
-    (``asimd``, ``sve``); those of other architectures are False.
+    (``asimd``, ``sve``, ``bf16``: getauxval on Linux); those of other architectures are False.
 
     ``os_avx``/``os_avx512``/``os_amx`` say whether the OS saves that register state
     (XCR0), without which the instructions cannot be used.
