@@ -25,7 +25,7 @@ cdef extern from *:
         void *data; gdn_dl_device device; int32_t ndim; gdn_dl_dtype dtype;
         int64_t *shape; int64_t *strides; uint64_t byte_offset;
     } gdn_dl_tensor;
-    /* The head of DLPack 1.2+'s DLPackExchangeAPI (dlpack.h), which torch publishes as
+    /* The head of DLPack 1.3+'s DLPackExchangeAPI (dlpack.h; new in 1.3), which torch publishes as
      * the "dlpack_exchange_api" capsule torch.Tensor.__dlpack_c_exchange_api__: its
      * dltensor_from_py_object_no_sync fills a DLTensor on the caller's stack, shape and
      * strides pointing into the tensor, with no allocation and no Python-level call;
@@ -104,7 +104,7 @@ cdef inline bint _is_tensor(object a):
         api = getattr(mod.Tensor, "__dlpack_c_exchange_api__", None)
         if api is not None and PyCapsule_IsValid(api, "dlpack_exchange_api"):
             ex = <gdn_dl_exchange_api *>PyCapsule_GetPointer(api, "dlpack_exchange_api")
-            if ex.major == 1 and ex.minor >= 2:
+            if ex.major == 1 and ex.minor >= 3:
                 _dl_from_py = ex.dltensor_from_py_object_no_sync
         _storage_type = mod.UntypedStorage
         _tensor_type = mod.Tensor
