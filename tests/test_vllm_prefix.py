@@ -134,6 +134,9 @@ def _prefill_call(**over):
     ("align", r"block_size_to_align = 12 must be a positive multiple of 8"),
     ("partial", r"num_computed_tokens given without block_idx_first_scheduled_token"),
     ("core", r"snapshots\[0, 2\] = \d+ is a slot the call writes already"),
+    ("shrunk_table", r"cache_indices lies outside its storage: its elements span bytes 0\.\.80 of a storage of 8"),
+    ("shrunk_column", r"num_computed_tokens lies outside its storage: its elements span bytes 0\.\.8 of a storage "
+                      r"of 0"),
 ])
 def test_prefill_refuses_contradictory_block_indices(case, match):
     """Request 0: 20 tokens after 4 (one boundary, at 12, stored in its initial block); request 1:
@@ -152,6 +155,11 @@ def test_prefill_refuses_contradictory_block_indices(case, match):
         table[0, 0] = -1
     elif case == "align":
         kw["block_size_to_align"] = 12
+    elif case == "shrunk_table":   # its values are read on the host: not past a shrunk storage
+        table.untyped_storage().resize_(8)
+    elif case == "shrunk_column":
+        kw["num_computed_tokens"] = kw["num_computed_tokens"].clone()
+        kw["num_computed_tokens"].untyped_storage().resize_(0)
     elif case == "partial":
         del kw["block_idx_first_scheduled_token"], kw["block_idx_last_scheduled_token"], kw["initial_state_idx"]
     else:   # the core's own check: request 1's final block is request 0's snapshot block
