@@ -328,6 +328,13 @@ cdef object _index_source(object a, str name, list keep):
     return _tensor_copy(a, name)
 
 
+def _tensor_values(a, name):
+    """_tensor_copy(a, name) for gdnconv.vllm, which reads index values on the host (block
+    tables): one bounds check for the core's conversions and the adapter's."""
+    _is_tensor(a)   # (looks the torch types up on a first call)
+    return _tensor_copy(a, name)
+
+
 cdef object _tensor_copy(object a, str name):
     """A NumPy copy of a CPU tensor's values (an array sharing its memory would not keep
     it alive; force: a zero tensor has no memory to share); refused where the tensor lies

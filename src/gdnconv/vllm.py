@@ -83,29 +83,13 @@ def _activation(activation, name="activation"):
     raise ValueError(f"{name} must be None, 'silu', 'swish' or a bool (vLLM's values), got {activation!r}")
 
 
-def _host(t, name):
-    """t.numpy(force=True) for an index tensor whose values this module reads, refused (as the
-    core refuses it) where the tensor lies outside its storage: .numpy() would read past a
-    storage shrunk by untyped_storage().resize_()."""
-    if t.numel() and not t.is_meta:
-        size = t.element_size()
-        hi = (t.storage_offset() + 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * size
-        nbytes = t.untyped_storage().nbytes()
-        if hi > nbytes:
-            raise ValueError(f"{name} lies outside its storage: its elements span bytes "
-                             f"{t.storage_offset() * size}..{hi} of a storage of {nbytes} bytes (shrunk by "
-                             f"untyped_storage().resize_()?); torch refuses such a tensor too: pass one whose "
-                             f"storage holds it")
-    return t.numpy(force=True)
-
-
 def _values(a, name, B):
     """The first B entries of a (B,) index argument as an int64 NumPy array (values are read:
     prefix caching's slots are resolved here)."""
     if isinstance(a, torch.Tensor):
         if a.is_floating_point() or a.is_complex() or a.dtype == torch.bool:
             raise TypeError(f"{name} must be an integer tensor (int32), got dtype {str(a.dtype)[6:]}")
-        a = _host(a, name)
+        a = _core._tensor_values(a, name)
     a = _index(a)
     if a is None or a.ndim != 1 or a.shape[0] < B or a.dtype.kind not in "iu":
         what = "None" if a is None else f"shape {a.shape}, dtype {a.dtype}"
@@ -119,7 +103,7 @@ def _block_table(indices, B, T, init_col, last_col, pad_slot_id, null_block_id, 
     or None). ``T``: (B,) tokens per request. Skips a request whose read block is the pad or
     the null block; refuses columns out of range, a live request writing the pad or null block,
     and (prefill) block indices that do not count the boundaries its tokens cross."""
-    idx = _host(indices, name) if isinstance(indices, torch.Tensor) else _index(indices)
+    idx = _core._tensor_values(indices, name) if isinstance(indices, torch.Tensor) else _index(indices)
     if idx is None or idx.ndim not in (1, 2) or idx.shape[0] < B or idx.dtype.kind not in "iu":
         what = "None" if idx is None else f"shape {idx.shape}, dtype {idx.dtype}"
         raise ValueError(f"{name} must be vLLM's (batch, max_blocks) = ({B}, ...) integer block table with "
@@ -402,7 +386,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         B = _batch(query_start_loc)
         if max_query_len != -1 and B > 0 and not torch.compiler.is_compiling():   # reads values
             q = query_start_loc
-            q = (_host(q, "query_start_loc") if isinstance(q, torch.Tensor) and not q.is_meta and q.dim() == 1
+            q = (_core._tensor_values(q, "query_start_loc") if isinstance(q, torch.Tensor) and not q.is_meta and q.dim() == 1
                  and not (q.is_floating_point() or q.is_complex() or q.dtype == torch.bool) else _index(q))
             if isinstance(q, np.ndarray) and q.ndim == 1 and q.dtype.kind in "iu":
                 longest = int((q[1:].astype(np.int64) - q[:-1]).max())
