@@ -23,6 +23,19 @@ def _graph_targets():
     return backend, seen
 
 
+def _compiled_equals_eager(serve, args, eager_args, state):
+    """serve compiled (fullgraph) on args against serve eager on eager_args (copies): the graph
+    calls both gdnconv:: ops, and the outputs and args[state] (the conv state) equal bit for bit."""
+    backend, seen = _graph_targets()
+    got = torch.compile(serve, fullgraph=True, backend=backend)(*args)
+    want = serve(*eager_args)
+    assert any("gdnconv.conv_prefill" in t for t in seen) and any("gdnconv.conv_update_multi" in t for t in seen), seen
+    for a, b in zip(got, want):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert torch.equal(args[state].contiguous().view(torch.int16),
+                       eager_args[state].contiguous().view(torch.int16)), "conv_state"
+
+
 def test_plain_calls_trace_as_the_ops_with_the_eager_bits():
     """Prefill, a speculative step with out= and a plain step, one graph: the graph calls the
     gdnconv:: ops (no graph break: fullgraph), and outputs and states equal the eager calls' bits."""
@@ -38,14 +51,7 @@ def test_plain_calls_trace_as_the_ops_with_the_eager_bits():
             torch.randn(2, 1, D, generator=g).bfloat16(), torch.zeros(2, W - 1 + 2, D, dtype=torch.bfloat16),
             torch.randn(D, W, generator=g).bfloat16(), torch.randn(D, generator=g).bfloat16(),
             torch.empty(2, 3, D, dtype=torch.bfloat16)]
-    eager_args = [a.clone() for a in args]
-    backend, seen = _graph_targets()
-    got = torch.compile(serve, fullgraph=True, backend=backend)(*args)
-    want = serve(*eager_args)
-    assert any("gdnconv.conv_prefill" in t for t in seen) and any("gdnconv.conv_update_multi" in t for t in seen), seen
-    for a, b in zip(got, want):
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
-    assert torch.equal(args[3].view(torch.int16), eager_args[3].view(torch.int16)), "conv_state"
+    _compiled_equals_eager(serve, args, [a.clone() for a in args], 3)
 
 
 def test_compiled_with_aot_eager_matches_eager():
@@ -145,11 +151,5 @@ def test_vllm_functions_trace_with_the_eager_bits():
             torch.tensor([2, 0], dtype=torch.int32),
             torch.zeros(4, W - 1 + 2, D, dtype=torch.bfloat16).transpose(1, 2),   # vLLM's (S, D, L) view
             gv.pack_weight_like_vllm(w), torch.randn(D, generator=g).bfloat16()]
-    eager_args = [a.clone() if i != 5 else a.transpose(1, 2).clone().transpose(1, 2) for i, a in enumerate(args)]
-    backend, seen = _graph_targets()
-    got = torch.compile(serve, fullgraph=True, backend=backend)(*args)
-    want = serve(*eager_args)
-    assert any("gdnconv.conv_prefill" in t for t in seen) and any("gdnconv.conv_update_multi" in t for t in seen), seen
-    for a, b in zip(got, want):
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
-    assert torch.equal(args[5].contiguous().view(torch.int16), eager_args[5].contiguous().view(torch.int16))
+    _compiled_equals_eager(serve, args, [a.clone() if i != 5 else a.transpose(1, 2).clone().transpose(1, 2)
+                                         for i, a in enumerate(args)], 5)
