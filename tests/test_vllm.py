@@ -288,6 +288,63 @@ def test_refusals_write_nothing(case):
     assert torch.equal(bits_t(conv_state), bits_t(before)) and torch.equal(tokens, x_before)
 
 
+class _Counting(torch.Tensor):
+    """A tensor subclass that counts the torch functions run on it."""
+    seen = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        _Counting.seen += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_the_usual_decode_call_is_one_core_call(monkeypatch):
+    """vLLM's usual decode call (plain tensors, a (batch,) conv_state_indices, weights of x's
+    dtype) is one core call, its plain_tensors try. Forms that only the full path maps (a
+    (batch, k) table, a longer conv_state_indices, fp16 weights and bias with a bf16 state) are refused
+    by the try and redone through the full path, with the usual call's bits; a tensor subclass
+    is refused by the try before any of its torch functions run; max_query_len=True is never
+    tried (the full path refuses it)."""
+    core = gdnconv._core._conv_update_vllm
+    calls = []
+
+    def spy(*args, **kw):
+        seen = _Counting.seen
+        try:
+            return core(*args, **kw)
+        finally:
+            calls.append((kw.get("plain_tensors", False), _Counting.seen - seen))
+
+    monkeypatch.setattr(gdnconv._core, "_conv_update_vllm", spy)
+    conv_state, weight, bias, tokens = _tensors(5, "bf16", 3, 1, 24, 4, 3, 6, "SD")
+    x = tokens[:, 0]
+    slots = torch.tensor([4, -1, 0], dtype=torch.int32)
+
+    def run(x=x, weight=weight, bias=bias, **kw):
+        st, xs = conv_state.clone(), x.clone()
+        calls.clear()
+        res = gv.causal_conv1d_update(xs, st, weight, bias, "silu", **{"conv_state_indices": slots, **kw})
+        return bits_t(res.as_subclass(torch.Tensor)), bits_t(st), list(calls)
+
+    out, st, seen = run()
+    assert seen == [(True, 0)]
+    ref_out, ref_state, mag = reference(as_np(x), as_np(conv_state.transpose(1, 2)), as_np(weight), as_np(bias),
+                                        activation="silu", conv_state_indices=slots.numpy(), pad_slot_id=-1)
+    assert_outputs_close(out.view(torch.bfloat16), ref_out, mag, silu=True, rows=np.array([True, False, True]))
+    assert_bits_equal(st.view(torch.bfloat16).transpose(1, 2), ref_state, "conv_state")
+    for kw in (dict(conv_state_indices=torch.stack([slots, slots + 1], 1)),
+               dict(conv_state_indices=torch.cat([slots, slots])), dict(weight=weight.half(), bias=bias.half())):
+        o, s, seen = run(**kw)
+        assert [p for p, _ in seen] == [True, False], kw
+        assert torch.equal(o, out) and torch.equal(s, st), kw
+    o, s, seen = run(x=x.as_subclass(_Counting))
+    assert seen[0] == (True, 0) and [p for p, _ in seen] == [True, False] and seen[1][1] > 0
+    assert torch.equal(o, out) and torch.equal(s, st)
+    with pytest.raises(TypeError, match="max_query_len must be an int, got True"):
+        run(max_query_len=True)
+    assert calls == []
+
+
 @pytest.mark.parametrize("case", ["requires_grad", "inference", "self_overlap"])
 def test_a_refused_x_written_in_place_is_named_x(case):
     """With out=None the result is written into x, as vLLM does: a refusal of the written

@@ -82,6 +82,7 @@ cdef struct View:
 cdef int _bf16_typenum = -1
 cdef object _torch = None          # the torch module, once it has been imported
 cdef object _tensor_type = None    # torch.Tensor
+cdef object _parameter_type = None # torch.nn.Parameter
 cdef object _storage_type = None   # torch.UntypedStorage
 cdef dict _torch_dtypes = {}       # torch dtype -> gdn dtype code
 cdef gdn_dl_from_py _dl_from_py = NULL   # torch's DLPack exchange entry (see gdn_dl_exchange_api)
@@ -92,7 +93,7 @@ cdef inline bint _is_tensor(object a):
     once: per argument, sys.modules (torch not imported) or torch.Tensor cost a D=64
     call with out= 0.93 -> 0.66 us from NumPy (1.10 -> 0.65 with torch imported) and
     2.95 -> 2.69 us from torch tensors."""
-    global _torch, _tensor_type, _storage_type, _dl_from_py
+    global _torch, _tensor_type, _parameter_type, _storage_type, _dl_from_py
     if a is None or cnp.PyArray_Check(a):
         return False
     if _tensor_type is None:
@@ -107,8 +108,20 @@ cdef inline bint _is_tensor(object a):
             if ex.major == 1 and ex.minor >= 3:
                 _dl_from_py = ex.dltensor_from_py_object_no_sync
         _storage_type = mod.UntypedStorage
+        _parameter_type = mod.nn.Parameter
         _tensor_type = mod.Tensor
     return isinstance(a, _tensor_type)
+
+
+cdef int _plain_tensors(tuple args) except -1:
+    """Every argument given (not None) is a torch.Tensor or an nn.Parameter (whose
+    __torch_function__ is torch's own): checked by type alone, so no user code runs."""
+    if not _is_tensor(args[0]):
+        raise TypeError(f"x must be a torch.Tensor, got {type(args[0]).__name__}")
+    for a in args:
+        if a is not None and type(a) is not _tensor_type and type(a) is not _parameter_type:
+            raise TypeError(f"an argument is a {type(a).__name__}, not a torch.Tensor or nn.Parameter")
+    return 0
 
 
 cdef bint _dl_read(object a, gdn_dl_tensor *t):

@@ -49,7 +49,9 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     if _dtype_of(&c.sv, conv_state, "conv_state") != c.dt:
         raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
     c.wdt = _weights(c.keep, &c.wv, &c.bv, weight, bias, x, c.dt)
-    if out is not None:
+    if out is x:         # written in place (gdnconv.vllm's out=None): x's view, read once
+        c.ov = c.xv
+    elif out is not None:
         c.keep.append(_view(out, &c.ov, "out"))
         _vllm_order(&c.ov, c.vllm)
         if _dtype_of(&c.ov, out, "out") != c.dt:
@@ -139,7 +141,8 @@ cdef int _update_storage(_Update c) except -1:
     _in_storage(&c.sv, "conv_state")
     _in_storage(&c.wv, "weight")
     _in_storage(&c.bv, "bias")
-    _in_storage(&c.ov, "out")
+    if not (c.out_is_x and c.ov.store == c.xv.store):    # (else checked as x)
+        _in_storage(&c.ov, "out")
     _in_storage(&c.iv, "conv_state_indices")
     _in_storage(&c.nv, "num_accepted_tokens")
     _in_storage(&c.qv, "query_start_loc")
@@ -297,12 +300,18 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
 @cython.embedsignature.format("clinic")
 def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
                       conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
-                      initial_state_indices=None):
+                      initial_state_indices=None, plain_tensors=False):
     """conv_update_multi on tensors in vLLM's order (gdnconv.vllm): conv_state (S, D, L), a 3-D
     x and out (B, D, T); read as gdnconv's views, no transposed tensors made. Errors name the
-    caller's shapes."""
+    caller's shapes. plain_tensors: gdnconv.vllm's first try at vLLM's usual call, which it
+    redoes through its full path where this refuses: every argument given must then be a
+    torch.Tensor or nn.Parameter (TypeError for anything else, before any of them is read), so
+    that a refused try runs no user code (no __array__, no subclass's __torch_function__)."""
     cdef _Update c = _Update()
     c.vllm = True
+    if plain_tensors:
+        _plain_tensors((x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, query_start_loc,
+                        out, initial_state_indices))
     return _update(c, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
                    query_start_loc, pad_slot_id, out, None, initial_state_indices)
 

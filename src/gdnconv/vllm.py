@@ -370,6 +370,21 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     Raises ValueError/TypeError naming the argument (with the caller's shapes) for anything
     gdnconv refuses; nothing is written then.
     """
+    if (query_start_loc is None and block_idx_last_scheduled_token is None and initial_state_idx is None
+            and null_block_id is None and type(max_query_len) is int and not torch.compiler.is_compiling()):
+        # vLLM's decode call: the core reads its arguments as they come (torch tensors, a (batch,)
+        # conv_state_indices, weights in x's dtype or float32) in one call. What it refuses (before
+        # any write, and before running user code) goes through the full path below, which maps the
+        # other forms vLLM's conventions allow and gives this function's messages. ~2.5 us a call.
+        target = x if out is None else out
+        try:
+            _core._conv_update_vllm(x, conv_state, _plain_weight(weight) if is_weight_packed else weight, bias,
+                                    activation=activation, num_accepted_tokens=num_accepted_tokens,
+                                    conv_state_indices=conv_state_indices, pad_slot_id=pad_slot_id, out=target,
+                                    plain_tensors=True)
+            return target
+        except (TypeError, ValueError):
+            pass
     activation = _activation(activation)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch tensor, got {type(x).__name__}")
@@ -524,8 +539,9 @@ def _tokens(t):
 
 def _update_vllm_traced(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
                         conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
-                        initial_state_indices=None):
-    """``_core._conv_update_vllm`` as ``torch.compile`` traces it (views are free in a graph)."""
+                        initial_state_indices=None, plain_tensors=False):
+    """``_core._conv_update_vllm`` as ``torch.compile`` traces it (views are free in a graph;
+    ``plain_tensors`` is an eager try's, never traced)."""
     res = _g.conv_update_multi(_tokens(x), conv_state.transpose(1, 2), weight, bias, activation=activation,
                                num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                                query_start_loc=query_start_loc, pad_slot_id=pad_slot_id,
