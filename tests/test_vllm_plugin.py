@@ -334,6 +334,8 @@ def test_drop_ins_take_no_argument_they_would_ignore(fake_vllm):
     assert f.cpu.causal_conv1d_fn_cpu(x[0].T, weight, bias, a.transpose(1, 2),
                                       torch.tensor([0, 1], dtype=torch.int32), bogus=1) == "stock"
     assert gv.counters()["conv.update"] == {"routed": 2, "fallback": 1}
+    junk = torch.full_like(x[:, 0], 7.0)    # memory the new output may be given: not zeros
+    del junk
     out = f.gdn._causal_conv1d_update_cpu(x=x[:, 0], conv_states=cache.clone().transpose(1, 2), weight=weight,
                                           bias=bias, silu_activation=True,
                                           conv_state_indices=torch.tensor([4, -1, 2], dtype=torch.int32),

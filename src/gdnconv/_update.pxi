@@ -9,6 +9,7 @@ cdef class _Update:
     cdef list keep
     cdef bint out_is_x, varlen
     cdef bint vllm              # arguments in vLLM's order (gdnconv.vllm): state (S, D, L), x (B, D, T)
+    cdef bint vllm_x            # x and out in vLLM's (B, D, T) order (vllm, but for vLLM's C++ op's (B, T, D))
     cdef int64_t B, T, N, S, L, D, W, pad_slot_id
     cdef int dt, wdt, silu
 
@@ -43,7 +44,7 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     # ---- arrays and dtypes
     c.keep.append(_view(x, &c.xv, "x"))
     c.keep.append(_view(conv_state, &c.sv, "conv_state"))
-    _vllm_order(&c.xv, c.vllm)
+    _vllm_order(&c.xv, c.vllm_x)
     _vllm_order(&c.sv, c.vllm)
     c.dt = _dtype_of(&c.xv, x, "x")
     if _dtype_of(&c.sv, conv_state, "conv_state") != c.dt:
@@ -53,7 +54,7 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
         c.ov = c.xv
     elif out is not None:
         c.keep.append(_view(out, &c.ov, "out"))
-        _vllm_order(&c.ov, c.vllm)
+        _vllm_order(&c.ov, c.vllm_x)
         if _dtype_of(&c.ov, out, "out") != c.dt:
             raise TypeError(f"out dtype {_dtype_name(out)} does not match x dtype {_dtype_name(x)}")
 
@@ -63,7 +64,8 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     if c.xv.ndim in (2, 3) and c.xv.shape[c.xv.ndim - 1] != D:
         hint = (f": x looks like vLLM's Triton layout (B, D, T); pass x.transpose(1, 2)"
                 if c.xv.ndim == 3 and c.xv.shape[1] == D and not c.vllm else "")
-        layout = ("(batch, dim), (batch, dim, seqlen) or (num_tokens, dim)" if c.vllm else
+        layout = ("(batch, dim), (batch, dim, seqlen) or (num_tokens, dim)" if c.vllm_x else
+                  "(batch, dim) or (batch, seqlen, dim), channels last" if c.vllm else
                   "(B, T, D), (B, D) or (N, D), channels last")
         raise ValueError(f"x dim {c.xv.shape[c.xv.ndim - 1]} (shape {tuple(x.shape)}) does not match "
                          f"weight dim {D} (weight shape {tuple(weight.shape)}): x is {layout}{hint}")
@@ -300,15 +302,17 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
 @cython.embedsignature.format("clinic")
 def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
                       conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
-                      initial_state_indices=None, plain_tensors=False):
+                      initial_state_indices=None, plain_tensors=False, tokens_last=False):
     """conv_update_multi on tensors in vLLM's order (gdnconv.vllm): conv_state (S, D, L), a 3-D
-    x and out (B, D, T); read as gdnconv's views, no transposed tensors made. Errors name the
+    x and out (B, D, T), or (B, T, D) with tokens_last (vLLM's C++ op's order: the plugin's
+    drop-in); read as gdnconv's views, no transposed tensors made. Errors name the
     caller's shapes. plain_tensors: gdnconv.vllm's first try at vLLM's usual call, which it
     redoes through its full path where this refuses: every argument given must then be a
     torch.Tensor or nn.Parameter (TypeError for anything else, before any of them is read), so
     that a refused try runs no user code (no __array__, no subclass's __torch_function__)."""
     cdef _Update c = _Update()
     c.vllm = True
+    c.vllm_x = not tokens_last
     if plain_tensors:
         _plain_tensors((x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, query_start_loc,
                         out, initial_state_indices))
@@ -333,22 +337,22 @@ cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_acce
                   query_start_loc, pad_slot_id, out, initial_state_indices)
     if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
         # channels not contiguous: a contiguous copy of x (never of out or conv_state)
-        if c.vllm and c.xv.ndim == 3:       # (B, D, T) in vLLM's order: channels last in memory
+        if c.vllm_x and c.xv.ndim == 3:     # (B, D, T) in vLLM's order: channels last in memory
             copy = _torch_contiguous(x.transpose(1, 2)).transpose(1, 2)
         else:
             copy = _torch_contiguous(x) if c.xv.torch else np.ascontiguousarray(x)
         raw = c.xv
-        _vllm_order(&raw, c.vllm)           # x's view in the caller's order, as the copy's
+        _vllm_order(&raw, c.vllm_x)         # x's view in the caller's order, as the copy's
         c.keep.append(_made(copy, &c.xv, &raw, x, "x"))
-        _vllm_order(&c.xv, c.vllm)
+        _vllm_order(&c.xv, c.vllm_x)
         x = copy
     new_out = out is None
     if new_out:
         out = _new_like(x, &c.xv)
         raw = c.xv
-        _vllm_order(&raw, c.vllm)
+        _vllm_order(&raw, c.vllm_x)
         c.keep.append(_made(out, &c.ov, &raw, x, "out"))
-        _vllm_order(&c.ov, c.vllm)
+        _vllm_order(&c.ov, c.vllm_x)
     _update_storage(c)   # no user code runs from here on
     _update_params(c, bias is not None, conv_state_indices is not None, num_accepted_tokens is not None,
                    new_out, initial_state_indices is not None)

@@ -539,14 +539,15 @@ def _tokens(t):
 
 def _update_vllm_traced(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
                         conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
-                        initial_state_indices=None, plain_tensors=False):
+                        initial_state_indices=None, plain_tensors=False, tokens_last=False):
     """``_core._conv_update_vllm`` as ``torch.compile`` traces it (views are free in a graph;
     ``plain_tensors`` is an eager try's, never traced)."""
-    res = _g.conv_update_multi(_tokens(x), conv_state.transpose(1, 2), weight, bias, activation=activation,
+    tokens = (lambda t: t) if tokens_last else _tokens
+    res = _g.conv_update_multi(tokens(x), conv_state.transpose(1, 2), weight, bias, activation=activation,
                                num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                                query_start_loc=query_start_loc, pad_slot_id=pad_slot_id,
-                               out=None if out is None else _tokens(out), initial_state_indices=initial_state_indices)
-    return _tokens(res) if out is None else out
+                               out=None if out is None else tokens(out), initial_state_indices=initial_state_indices)
+    return tokens(res) if out is None else out
 
 
 def _prefill_vllm_traced(x, weight, bias=None, *, activation=None, conv_state=None, query_start_loc=None,
