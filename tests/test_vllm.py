@@ -46,7 +46,10 @@ def _check(out, x_before_bt, conv_state_sdl, before_sdl, weight, bias, *, mode_k
 @pytest.mark.parametrize("x_layout", ["BD", "BDT", "varlen"])
 @pytest.mark.parametrize("spec", [False, True])
 @pytest.mark.parametrize("given_out", [False, True])
-def test_update_against_reference(dtype, state_storage, x_layout, spec, given_out):
+@pytest.mark.parametrize("table", [True, False], ids=["table", "slots"])
+def test_update_against_reference(dtype, state_storage, x_layout, spec, given_out, table):
+    """table: a (batch, k) conv_state_indices (the full path maps it), else its column 0 as a
+    (batch,) tensor (vLLM's usual call, the core's plain_tensors try but for varlen x)."""
     B, D, W, S = 4, 40, 4, 7
     T = 1 if x_layout == "BD" else 3
     L = W - 2 + T + 1 if spec else W - 1
@@ -70,7 +73,8 @@ def test_update_against_reference(dtype, state_storage, x_layout, spec, given_ou
     x_before = as_np(x_bt).copy()
     before = conv_state.clone()
     out = torch.full_like(x, 7.0) if given_out else None
-    res = gv.causal_conv1d_update(x, conv_state, weight, bias, True, conv_state_indices=slots,
+    res = gv.causal_conv1d_update(x, conv_state, weight, bias, True,
+                                  conv_state_indices=slots if table else slots[:, 0].contiguous(),
                                   num_accepted_tokens=nat, query_start_loc=qsl,
                                   max_query_len=T if qsl is not None else -1, out=out)
     target = out if given_out else x                   # vLLM writes into x when out is None
