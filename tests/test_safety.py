@@ -382,6 +382,50 @@ def test_copy_of_the_wrong_shape_from_an_override_is_refused():
     _ok(run_python(WRONG_COPY, **UNMAP_FREED), "12 OK")
 
 
+ALIASED_COPY = """
+import torch, gdnconv
+D = 4096
+class Liar(torch.Tensor):   # its empty_like / clone / contiguous return memory the call writes or reads
+    give = None
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) in ("empty_like", "clone", "contiguous") and cls.give is not None:
+            return cls.give
+        return super().__torch_function__(func, types, args, kwargs or {})
+n = 0
+for op in ("update", "prefill"):
+    for copy, victim, expect in (("new out", "conv_state", "out overlaps conv_state"),
+                                 ("new out", "weight", "weight overlaps out"),
+                                 ("x copy", "conv_state", "x overlaps conv_state")):
+        x = torch.ones(2, 1, 2 * D)[..., ::2] if copy == "x copy" and op == "update" else torch.ones(2, 1, D)
+        st = torch.full((4, 3, D), 0.5); w = torch.ones(D, 4); before, w_before = st.clone(), w.clone()
+        out = x if copy == "x copy" and op == "prefill" else None   # (prefill copies x when out is x)
+        x_before = x.clone()
+        Liar.give = w.view(-1)[:2 * D].view(2, 1, D) if victim == "weight" else st[:2, :1]
+        try:
+            if op == "update":
+                gdnconv.conv_update_multi(x.as_subclass(Liar), st, w, out=out)
+            else:
+                gdnconv.conv_prefill(x.as_subclass(Liar), w, conv_state=st, out=out)
+        except ValueError as e:
+            assert str(e).startswith(expect), (op, copy, victim, str(e))
+            assert torch.equal(st, before) and torch.equal(w, w_before) and torch.equal(x, x_before), "a refused call wrote"
+            n += 1
+        else:
+            raise AssertionError(f"{op} {copy}: memory of {victim} accepted")
+print(n, "OK")
+"""
+
+
+def test_copy_over_written_or_read_memory_from_an_override_is_refused():
+    """A __torch_function__ override of empty_like, clone or contiguous may return memory the
+    call writes (conv_state) or reads (weight): the aliasing rules hold for the new out and x's
+    copy as for the caller's arguments (the kernel would write the state through out, or read
+    x while writing it); nothing is written."""
+    pytest.importorskip("torch")
+    _ok(run_python(ALIASED_COPY, **UNMAP_FREED), "6 OK")
+
+
 # --------------------------------------------------------------------- fork
 
 FORK_CHILD = """

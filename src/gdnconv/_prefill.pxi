@@ -157,23 +157,7 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
         c.keep.append(_index_array(initial_state_indices, "initial_state_indices", B, &c.rv))
     c.snaps = snapshots
 
-    # ---- aliasing: what is written must not share memory with what is read (a
-    # read-only argument NumPy cannot decide within a bounded search is read from a copy)
-    has_out = out is not None
-    if has_out:
-        _refuse_shared(&c.ov, "out", &c.sv, "conv_state")
-        if not c.out_is_x:
-            _read_apart(c.keep, &c.xv, "x", &c.ov, "out", " without being out")
-    _read_apart(c.keep, &c.xv, "x", &c.sv, "conv_state")
-    _prefill_apart(c, &c.wv, "weight", has_out)
-    if bias is not None:
-        _prefill_apart(c, &c.bv, "bias", has_out)
-    if cache_indices is not None:
-        _prefill_apart(c, &c.iv, "cache_indices", has_out)
-    if query_start_loc is not None:
-        _prefill_apart(c, &c.qv, "query_start_loc", has_out)
-    if initial_state_indices is not None:
-        _prefill_apart(c, &c.rv, "initial_state_indices", has_out)
+    _prefill_apart(c, out is not None, not c.out_is_x)
 
     c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
     c.varlen = query_start_loc is not None
@@ -194,7 +178,24 @@ cdef int _prefill_storage(_Prefill c) except -1:
     return 0
 
 
-cdef int _prefill_apart(_Prefill c, View *r, str name, bint has_out) except -1:
+cdef int _prefill_apart(_Prefill c, bint has_out, bint x_vs_out) except -1:
+    """Aliasing: what is written (conv_state, out) must not share memory with what is read,
+    nor with each other (see _update_apart: run on the caller's arguments, and again on x's
+    copy or the new out the call made)."""
+    if has_out:
+        _refuse_shared(&c.ov, "out", &c.sv, "conv_state")
+        if x_vs_out:
+            _read_apart(c.keep, &c.xv, "x", &c.ov, "out", " without being out")
+    _read_apart(c.keep, &c.xv, "x", &c.sv, "conv_state")
+    _prefill_keep_apart(c, &c.wv, "weight", has_out)
+    _prefill_keep_apart(c, &c.bv, "bias", has_out)
+    _prefill_keep_apart(c, &c.iv, "cache_indices", has_out)
+    _prefill_keep_apart(c, &c.qv, "query_start_loc", has_out)
+    _prefill_keep_apart(c, &c.rv, "initial_state_indices", has_out)
+    return 0
+
+
+cdef int _prefill_keep_apart(_Prefill c, View *r, str name, bint has_out) except -1:
     """A read-only argument must not share memory with conv_state or out (see _read_apart)."""
     _read_apart(c.keep, r, name, &c.sv, "conv_state")
     if has_out:
@@ -376,7 +377,8 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
     snapshots = _snapshot_source(snapshots)
     _check_prefill(c, x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
                    has_initial_state, pad_slot_id, out, initial_state_indices, snapshots)
-    if c.out_is_x:
+    copied = c.out_is_x
+    if copied:
         # a time chunk reads its window from x rows that earlier outputs would overwrite
         copy = x.clone() if c.xv.torch else np.array(x, order="C")
         raw = c.xv
@@ -394,6 +396,8 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
         _vllm_tokens(&raw, c.vllm)
         c.keep.append(_made(out, &c.ov, &raw, x, "out"))
         _vllm_tokens(&c.ov, c.vllm)
+    if new_out or copied:
+        _prefill_apart(c, True, True)
     _prefill_storage(c)   # no user code runs from here on
     _prefill_params(c, bias is not None, cache_indices is not None, new_out, initial_state_indices is not None)
     with nogil:

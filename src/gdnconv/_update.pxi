@@ -111,25 +111,7 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     if initial_state_indices is not None:
         c.keep.append(_index_array(initial_state_indices, "initial_state_indices", B, &c.rv))
 
-    # ---- aliasing: what is written must not share memory with what is read (a
-    # read-only argument NumPy cannot decide within a bounded search is read from a copy)
-    has_out = out is not None
-    if has_out:
-        _refuse_shared(&c.ov, "x" if out is x else "out", &c.sv, "conv_state")
-        if not c.out_is_x:
-            _read_apart(c.keep, &c.xv, "x", &c.ov, "out", " without being out")
-    _read_apart(c.keep, &c.xv, "x", &c.sv, "conv_state")
-    _keep_apart(c, &c.wv, "weight", has_out)
-    if bias is not None:
-        _keep_apart(c, &c.bv, "bias", has_out)
-    if conv_state_indices is not None:
-        _keep_apart(c, &c.iv, "conv_state_indices", has_out)
-    if num_accepted_tokens is not None:
-        _keep_apart(c, &c.nv, "num_accepted_tokens", has_out)
-    if query_start_loc is not None:
-        _keep_apart(c, &c.qv, "query_start_loc", has_out)
-    if initial_state_indices is not None:
-        _keep_apart(c, &c.rv, "initial_state_indices", has_out)
+    _update_apart(c, out is not None, "x" if out is x else "out", not c.out_is_x)
 
     c.B, c.T, c.N, c.S, c.L, c.D, c.W = B, T, N, S, L, D, W
     c.varlen = query_start_loc is not None
@@ -149,6 +131,26 @@ cdef int _update_storage(_Update c) except -1:
     _in_storage(&c.nv, "num_accepted_tokens")
     _in_storage(&c.qv, "query_start_loc")
     _in_storage(&c.rv, "initial_state_indices")
+    return 0
+
+
+cdef int _update_apart(_Update c, bint has_out, str out_name, bint x_vs_out) except -1:
+    """Aliasing: what is written (conv_state, out) must not share memory with what is read,
+    nor with each other (a read-only argument NumPy cannot decide within a bounded search is
+    read from a copy; absent arguments have empty views). Run on the caller's arguments, and
+    again on x's copy or the new out the call made (a __torch_function__ override of
+    contiguous or empty_like may return any memory)."""
+    if has_out:
+        _refuse_shared(&c.ov, out_name, &c.sv, "conv_state")
+        if x_vs_out:
+            _read_apart(c.keep, &c.xv, "x", &c.ov, "out", " without being out")
+    _read_apart(c.keep, &c.xv, "x", &c.sv, "conv_state")
+    _keep_apart(c, &c.wv, "weight", has_out)
+    _keep_apart(c, &c.bv, "bias", has_out)
+    _keep_apart(c, &c.iv, "conv_state_indices", has_out)
+    _keep_apart(c, &c.nv, "num_accepted_tokens", has_out)
+    _keep_apart(c, &c.qv, "query_start_loc", has_out)
+    _keep_apart(c, &c.rv, "initial_state_indices", has_out)
     return 0
 
 
@@ -335,7 +337,8 @@ cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_acce
     initial_state_indices = _index_source(initial_state_indices, "initial_state_indices", c.keep)
     _check_update(c, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
                   query_start_loc, pad_slot_id, out, initial_state_indices)
-    if c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x:
+    copied = c.xv.strides[c.xv.ndim - 1] != 1 and not c.out_is_x
+    if copied:
         # channels not contiguous: a contiguous copy of x (never of out or conv_state)
         if c.vllm_x and c.xv.ndim == 3:     # (B, D, T) in vLLM's order: channels last in memory
             copy = _torch_contiguous(x.transpose(1, 2)).transpose(1, 2)
@@ -353,6 +356,8 @@ cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_acce
         _vllm_order(&raw, c.vllm_x)
         c.keep.append(_made(out, &c.ov, &raw, x, "out"))
         _vllm_order(&c.ov, c.vllm_x)
+    if new_out or copied:
+        _update_apart(c, True, "out", True)
     _update_storage(c)   # no user code runs from here on
     _update_params(c, bias is not None, conv_state_indices is not None, num_accepted_tokens is not None,
                    new_out, initial_state_indices is not None)
