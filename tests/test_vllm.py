@@ -349,6 +349,33 @@ def test_the_usual_decode_call_is_one_core_call(monkeypatch):
     assert calls == []
 
 
+def test_a_packed_weight_of_a_subclass_is_not_unpacked_by_the_try(monkeypatch):
+    """With is_weight_packed, the plain_tensors try unpacks only a plain tensor: a subclass's
+    packed weight is refused by the try before any of its torch functions run, and unpacked
+    by the full path, with the plain weight's bits."""
+    core = gdnconv._core._conv_update_vllm
+    entries = []
+
+    def spy(*args, **kw):
+        entries.append((kw.get("plain_tensors", False), _Counting.seen))
+        return core(*args, **kw)
+
+    monkeypatch.setattr(gdnconv._core, "_conv_update_vllm", spy)
+    conv_state, weight, bias, tokens = _tensors(6, "bf16", 2, 1, 64, 4, 3, 4, "SD")
+    packed = gv.pack_weight_like_vllm(weight)
+    slots = torch.tensor([3, 1], dtype=torch.int32)
+    results = []
+    for w in (packed, packed.as_subclass(_Counting)):
+        st, x = conv_state.clone(), tokens[:, 0].clone()
+        entries.clear()
+        _Counting.seen = 0
+        res = gv.causal_conv1d_update(x, st, w, bias, "silu", slots, is_weight_packed=True)
+        results.append((bits_t(res.as_subclass(torch.Tensor)), bits_t(st), list(entries)))
+    assert results[0][2] == [(True, 0)]
+    assert results[1][2][0] == (True, 0) and [p for p, _ in results[1][2]] == [True, False]
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
 @pytest.mark.parametrize("case", ["requires_grad", "inference", "self_overlap"])
 def test_a_refused_x_written_in_place_is_named_x(case):
     """With out=None the result is written into x, as vLLM does: a refusal of the written

@@ -218,6 +218,9 @@ def forget_packed_weights():
     _unpacked.clear()
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def _version(t):
     try:
         return t._version
@@ -243,6 +246,14 @@ def _plain_weight(weight):
         _unpacked[key] = (weakref.ref(weight, lambda _, k=key: _unpacked.pop(k, None)), version,
                           weight.data_ptr(), plain)
     return plain
+
+
+def _tried_weight(weight, is_weight_packed):
+    """The weight of a plain_tensors try: a packed plain tensor unpacked (_plain_weight); a
+    packed weight of another type as it is, for the try to refuse before any of its code runs."""
+    if is_weight_packed and type(weight) in _PLAIN_TENSORS:
+        return _plain_weight(weight)
+    return weight
 
 
 def _weights(weight, bias, is_weight_packed, dtype):
@@ -378,7 +389,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         # other forms vLLM's conventions allow and gives this function's messages. ~2.5 us a call.
         target = x if out is None else out
         try:
-            _core._conv_update_vllm(x, conv_state, _plain_weight(weight) if is_weight_packed else weight, bias,
+            _core._conv_update_vllm(x, conv_state, _tried_weight(weight, is_weight_packed), bias,
                                     activation=activation, num_accepted_tokens=num_accepted_tokens,
                                     conv_state_indices=conv_state_indices, pad_slot_id=pad_slot_id, out=target,
                                     plain_tensors=True)

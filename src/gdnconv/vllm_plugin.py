@@ -110,7 +110,7 @@ def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indi
     (S, D, L) in either storage, pad -1; returns a new tensor like x."""
     gv = _gv or _vllm_adapters()
     try:     # the usual call, as gdnconv.vllm.causal_conv1d_update tries it, in the op's (B, T, D) order
-        return gv._core._conv_update_vllm(x, conv_states, gv._plain_weight(weight) if is_weight_packed else weight,
+        return gv._core._conv_update_vllm(x, conv_states, gv._tried_weight(weight, is_weight_packed),
                                           bias, activation=silu_activation, num_accepted_tokens=num_accepted_tokens,
                                           conv_state_indices=conv_state_indices, plain_tensors=True,
                                           tokens_last=True)   # a new out: padded requests' rows are zeros
