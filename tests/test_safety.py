@@ -341,16 +341,20 @@ def test_view_past_its_storage_is_refused():
     _ok(run_python(SHRUNK_BEFORE, **UNMAP_FREED), "14 OK")
 
 
-WRONG_COPY = """
+LIAR = """
 import torch, gdnconv
 D = 4096
-class Liar(torch.Tensor):   # its empty_like / clone / contiguous return a tensor of another shape or dtype
+class Liar(torch.Tensor):   # its empty_like / clone / contiguous return Liar.give (when set)
     give = None
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", None) in ("empty_like", "clone", "contiguous") and cls.give is not None:
             return cls.give
         return super().__torch_function__(func, types, args, kwargs or {})
+"""
+
+WRONG_COPY = LIAR + """
+# Liar.give: a tensor of another shape or dtype
 n = 0
 for op in ("update", "prefill"):
     for give in (torch.empty(1), torch.empty(2, 1, D, dtype=torch.float16), torch.empty(2, 2, D)):
@@ -382,16 +386,8 @@ def test_copy_of_the_wrong_shape_from_an_override_is_refused():
     _ok(run_python(WRONG_COPY, **UNMAP_FREED), "12 OK")
 
 
-ALIASED_COPY = """
-import torch, gdnconv
-D = 4096
-class Liar(torch.Tensor):   # its empty_like / clone / contiguous return memory the call writes or reads
-    give = None
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", None) in ("empty_like", "clone", "contiguous") and cls.give is not None:
-            return cls.give
-        return super().__torch_function__(func, types, args, kwargs or {})
+ALIASED_COPY = LIAR + """
+# Liar.give: memory the call writes or reads
 n = 0
 for op in ("update", "prefill"):
     for copy, victim, expect in (("new out", "conv_state", "out overlaps conv_state"),
