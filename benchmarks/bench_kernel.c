@@ -23,8 +23,11 @@
  * repeated calls on the same arrays. State layout (as benchmarks/bench_layouts.py): sd (the
  * default), (S, L, D) memory, channels contiguous; ds, (S, D, L) memory (vLLM's DS layout),
  * channel stride L, time stride 1; hf, (S, D, L + 1) memory of which the kernel gets the last
- * L columns (transformers' cache view [..., 1:]), channel stride L + 1. spec (the default) or
- * plain: the mode (plain: L = W - 1, no num_accepted_tokens). */
+ * L columns (transformers' cache view [..., 1:]), channel stride L + 1; ds/sd or hf/sd: that
+ * layout and sd in alternation, sample by sample in one process (each with its own layers),
+ * printing both medians and the median (and quartiles) of the per-sample ratio: runs as
+ * separate processes on a shared VM differed by up to 2x, the alternated ratio by a few %.
+ * spec (the default) or plain: the mode (plain: L = W - 1, no num_accepted_tokens). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,12 +49,15 @@ static int cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static double median(const double *v, int n) {
+/* the k-th smallest of v[0..n) (k = n / 2: the median) */
+static double nth(const double *v, int n, int k) {
     double s[SAMPLES];
     memcpy(s, v, n * sizeof *v);
     qsort(s, n, sizeof s[0], cmp);
-    return s[n / 2];
+    return s[k];
 }
+
+static double median(const double *v, int n) { return nth(v, n, n / 2); }
 
 /* the last-level cache in bytes (glibc's sysconf), 32 MiB where unknown */
 static int64_t llc_bytes(void) {
@@ -85,54 +91,10 @@ static void *alloc(int64_t bytes) {
     return q;
 }
 
-int main(int argc, char **argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] "
-                "[bf16|fp16|fp32] [sd|ds|hf] [spec|plain]\n", argv[0]);
-        return 2;
-    }
-    const char *layout = argc > 10 ? argv[10] : "sd";
-    const int plain = argc > 11 && strcmp(argv[11], "plain") == 0;
-    const int64_t B = atol(argv[1]), D = atol(argv[2]), T = 4, W = 4, L = plain ? W - 1 : W - 2 + T;
-    const int silu = argc <= 3 || strcmp(argv[3], "none") != 0;
-    const int threads = argc > 4 ? atoi(argv[4]) : 1;
-    if (gdn_select_isa(argc > 5 ? argv[5] : NULL) != 0) {
-        fprintf(stderr, "isa %s: unknown or not supported here\n", argc > 5 ? argv[5] : "(best)");
-        return 2;
-    }
-    const int raw = argc > 6 && strcmp(argv[6], "raw") == 0;
-    const int perm = argc > 7 && strcmp(argv[7], "perm") == 0;
-    const int cold = !(argc > 8 && strcmp(argv[8], "warm") == 0);
-    const char *dname = argc > 9 ? argv[9] : "bf16";
-    const int dt = strcmp(dname, "fp32") == 0 ? GDN_F32 : strcmp(dname, "fp16") == 0 ? GDN_F16 : GDN_BF16;
-    if (dt == GDN_BF16 && strcmp(dname, "bf16") != 0) {
-        fprintf(stderr, "dtype %s: use bf16, fp16 or fp32\n", dname);
-        return 2;
-    }
-    const int64_t e = dt == GDN_F32 ? 4 : 2;
-    if (strcmp(layout, "sd") != 0 && strcmp(layout, "ds") != 0 && strcmp(layout, "hf") != 0) {
-        fprintf(stderr, "layout %s: one of sd, ds, hf\n", layout);
-        return 2;
-    }
-    const int64_t lead = strcmp(layout, "hf") == 0, cols = L + lead;   /* time columns per channel in memory */
-    if (B < 1 || D < 1 || threads < 1) {
-        fprintf(stderr, "B, D and threads must be positive\n");
-        return 2;
-    }
-
-    int32_t *nat = malloc(B * 4), *slots = malloc(B * 4);
-    srand(1);
-    for (int64_t i = 0; i < B; i++) slots[i] = (int32_t)i, nat[i] = 1 + rand() % 3;
-    if (perm)
-        for (int64_t i = B - 1; i > 0; i--) {
-            const int64_t j = rand() % (i + 1);
-            const int32_t s = slots[i];
-            slots[i] = slots[j];
-            slots[j] = s;
-        }
-
-    const int64_t layer_bytes = (2 * B * T + B * cols) * D * e + (raw ? D * W * e : W * D * 4);
-    const int64_t nl = layers_for(cold, layer_bytes);
+/* nl layers' arrays and parameters of one configuration and state layout (sd, ds or hf) */
+static gdn_update_params *make_layers(int64_t nl, const char *layout, int64_t B, int64_t D, int64_t T, int64_t W,
+                                      int64_t L, int plain, int silu, int raw, int dt, int32_t *nat, int32_t *slots) {
+    const int64_t e = dt == GDN_F32 ? 4 : 2, lead = strcmp(layout, "hf") == 0, cols = L + lead;
     gdn_update_params *ps = calloc((size_t)nl, sizeof *ps);
     for (int64_t l = 0; l < nl; l++) {
         char *x = alloc(B * T * D * e), *out = alloc(B * T * D * e), *st = alloc(B * cols * D * e);
@@ -159,10 +121,66 @@ int main(int argc, char **argv) {
             p->weight = w, p->weight_dtype = GDN_F32, p->weight_stride_d = 1, p->weight_stride_w = D;
         }
         int64_t bad_i, bad_v;
-        if (gdn_update_validate(p, B * T, &bad_i, &bad_v) != GDN_OK) return 1;
+        if (gdn_update_validate(p, B * T, &bad_i, &bad_v) != GDN_OK) exit(1);
     }
+    return ps;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] "
+                "[bf16|fp16|fp32] [sd|ds|hf|ds/sd|hf/sd] [spec|plain]\n", argv[0]);
+        return 2;
+    }
+    char layout[8];
+    snprintf(layout, sizeof layout, "%s", argc > 10 ? argv[10] : "sd");
+    const int pair = strlen(layout) == 5 && strcmp(layout + 2, "/sd") == 0 && strcmp(layout, "sd/sd") != 0;
+    if (pair) layout[2] = 0;   /* ds/sd, hf/sd: that layout against sd */
+    const int plain = argc > 11 && strcmp(argv[11], "plain") == 0;
+    const int64_t B = atol(argv[1]), D = atol(argv[2]), T = 4, W = 4, L = plain ? W - 1 : W - 2 + T;
+    const int silu = argc <= 3 || strcmp(argv[3], "none") != 0;
+    const int threads = argc > 4 ? atoi(argv[4]) : 1;
+    if (gdn_select_isa(argc > 5 ? argv[5] : NULL) != 0) {
+        fprintf(stderr, "isa %s: unknown or not supported here\n", argc > 5 ? argv[5] : "(best)");
+        return 2;
+    }
+    const int raw = argc > 6 && strcmp(argv[6], "raw") == 0;
+    const int perm = argc > 7 && strcmp(argv[7], "perm") == 0;
+    const int cold = !(argc > 8 && strcmp(argv[8], "warm") == 0);
+    const char *dname = argc > 9 ? argv[9] : "bf16";
+    const int dt = strcmp(dname, "fp32") == 0 ? GDN_F32 : strcmp(dname, "fp16") == 0 ? GDN_F16 : GDN_BF16;
+    if (dt == GDN_BF16 && strcmp(dname, "bf16") != 0) {
+        fprintf(stderr, "dtype %s: use bf16, fp16 or fp32\n", dname);
+        return 2;
+    }
+    const int64_t e = dt == GDN_F32 ? 4 : 2;
+    if (strcmp(layout, "sd") != 0 && strcmp(layout, "ds") != 0 && strcmp(layout, "hf") != 0) {
+        fprintf(stderr, "layout %s: one of sd, ds, hf, ds/sd, hf/sd\n", argv[10]);
+        return 2;
+    }
+    const int64_t lead = strcmp(layout, "hf") == 0, cols = L + lead;   /* time columns per channel in memory */
+    if (B < 1 || D < 1 || threads < 1) {
+        fprintf(stderr, "B, D and threads must be positive\n");
+        return 2;
+    }
+
+    int32_t *nat = malloc(B * 4), *slots = malloc(B * 4);
+    srand(1);
+    for (int64_t i = 0; i < B; i++) slots[i] = (int32_t)i, nat[i] = 1 + rand() % 3;
+    if (perm)
+        for (int64_t i = B - 1; i > 0; i--) {
+            const int64_t j = rand() % (i + 1);
+            const int32_t s = slots[i];
+            slots[i] = slots[j];
+            slots[j] = s;
+        }
+
+    const int64_t layer_bytes = (2 * B * T + B * cols) * D * e + (raw ? D * W * e : W * D * 4);
+    const int64_t nl = layers_for(cold, layer_bytes);
+    gdn_update_params *ps = make_layers(nl, layout, B, D, T, W, L, plain, silu, raw, dt, nat, slots);
+    gdn_update_params *ref = pair ? make_layers(nl, "sd", B, D, T, W, L, plain, silu, raw, dt, nat, slots) : NULL;
     /* the yardstick: a copy of the kernel's byte count, rotating through its own buffer pairs */
-    const int64_t bytes = gdn_update_bytes(&ps[0]), nc = layers_for(cold, 2 * bytes);
+    const int64_t bytes = gdn_update_bytes(&ps[0]), nc = pair ? 0 : layers_for(cold, 2 * bytes);
     char **src = malloc(nc * sizeof *src), **dst = malloc(nc * sizeof *dst);
     for (int64_t l = 0; l < nc; l++) {
         src[l] = alloc(bytes), dst[l] = alloc(bytes);
@@ -178,9 +196,21 @@ int main(int argc, char **argv) {
         for (long c = 0; c < calls; c++, l = l + 1 == nl ? 0 : l + 1) gdn_update_run(&ps[l], threads);
         us[k] = (now() - t0) / calls * 1e6;
         t0 = now();
-        for (long c = 0; c < calls; c++, m = m + 1 == nc ? 0 : m + 1) memcpy(dst[m], src[m], (size_t)bytes);
+        if (pair)   /* the sd layout's own layers in place of the copy */
+            for (long c = 0; c < calls; c++, m = m + 1 == nl ? 0 : m + 1) gdn_update_run(&ref[m], threads);
+        else
+            for (long c = 0; c < calls; c++, m = m + 1 == nc ? 0 : m + 1) memcpy(dst[m], src[m], (size_t)bytes);
         cu[k] = (now() - t0) / calls * 1e6;
         ratio[k] = us[k] / cu[k];
+    }
+    if (pair) {
+        printf("%s B=%ld D=%ld %s threads=%d isa=%s %s %s %s %s (layers %ld): %s median %.2f us/call, sd %.2f; "
+               "%s/sd median %.3f (quartiles %.3f %.3f)\n",
+               dname, (long)B, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
+               perm ? "perm" : "identity", cold ? "cold" : "warm", plain ? "plain" : "spec", (long)nl, layout,
+               median(us, SAMPLES), median(cu, SAMPLES), layout, median(ratio, SAMPLES), nth(ratio, SAMPLES, SAMPLES / 4),
+               nth(ratio, SAMPLES, SAMPLES - 1 - SAMPLES / 4));
+        return 0;
     }
     double best = us[0];
     for (int k = 1; k < SAMPLES; k++) best = us[k] < best ? us[k] : best;
