@@ -386,7 +386,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         # vLLM's decode call: the core reads its arguments as they come (torch tensors, a (batch,)
         # conv_state_indices, weights in x's dtype or float32) in one call. What it refuses (before
         # any write, and before running user code) goes through the full path below, which maps the
-        # other forms vLLM's conventions allow and gives this function's messages. ~2.5 us a call.
+        # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
         try:
             _core._conv_update_vllm(x, conv_state, _tried_weight(weight, is_weight_packed), bias,
