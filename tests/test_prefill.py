@@ -256,13 +256,15 @@ def small_threshold():
         _core._set_parallel_min_bytes(previous)
 
 
-@pytest.mark.parametrize("shape", ["long", "varlen", "few_tokens"])
+@pytest.mark.parametrize("shape", ["long", "varlen", "few_tokens", "two_chunks"])
 def test_threads_bit_identical(isa, rng, small_threshold, shape):
     """1 thread vs 2: the time split (one long prompt, varlen with pads) or the
-    channel split (few tokens) gives the same bits, and the reference's values."""
+    channel split (few tokens: blocks of 256 channels; two chunks: of 512, and a
+    remainder) gives the same bits, and the reference's values (one thread: no split)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: no second thread")
-    B, T, D = {"long": (1, 3001, 136), "varlen": (5, 700, 72), "few_tokens": (2, 3, 520)}[shape]
+    B, T, D = {"long": (1, 3001, 136), "varlen": (5, 700, 72), "few_tokens": (2, 3, 520),
+               "two_chunks": (1, 300, 1100)}[shape]
     call = make_prefill(rng, dtype="bf16", W=4, D=D, T=T, B=B, batching="varlen" if B > 1 else "fixed",
                         pads="pad" if shape == "varlen" else "nopad", init="mix")
     st0 = call["kw"]["conv_state"].copy()

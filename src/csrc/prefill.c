@@ -128,8 +128,11 @@ static void run_range(void *ctx, int64_t u0, int64_t u1) {
     for (int64_t u = u0; u < u1; u++) run_unit((const prefill_run *)ctx, u);
 }
 
-/* Fewer chunks than this many per thread: channel blocks of GDN_BLOCK_CHANNELS too,
- * so short prompts still use every thread. */
+/* Fewer chunks than this many per thread (of two or more): channel blocks too, the
+ * fewest (of a multiple of GDN_BLOCK_CHANNELS) that make as many units, so short
+ * prompts still use every thread and each unit's rows stay as long as they can
+ * (blocks of 256 channels made a one-thread 1x512 prefill at D=8192 take 5x its warm
+ * time cold: 512-byte row pieces 16 KiB apart). */
 #define GDN_PREFILL_CHUNKS_PER_THREAD 4
 
 int gdn_prefill_run(const gdn_prefill_params *pp, int num_threads) {
@@ -168,7 +171,10 @@ int gdn_prefill_run(const gdn_prefill_params *pp, int num_threads) {
     }
     const int64_t chunks = (run.rows + GDN_PREFILL_CHUNK - 1) / GDN_PREFILL_CHUNK;
     const int64_t most = num_threads < 0 ? -(int64_t)num_threads : num_threads;   /* < 0: a default call */
-    run.block = chunks >= GDN_PREFILL_CHUNKS_PER_THREAD * most ? D : GDN_BLOCK_CHANNELS;
+    const int64_t want = most > 1 ? GDN_PREFILL_CHUNKS_PER_THREAD * most : 1;
+    const int64_t split = chunks >= want ? 1 : (want + chunks - 1) / chunks;
+    const int64_t per = (D + split - 1) / split;
+    run.block = split == 1 ? D : (per + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS * GDN_BLOCK_CHANNELS;
     run.nblocks = (D + run.block - 1) / run.block;
     const int64_t units = chunks * run.nblocks;
     gdn_parallel_for(gdn_threads_for(num_threads, units, gdn_prefill_bytes(pp)), units, run_range, &run);

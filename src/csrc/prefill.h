@@ -12,6 +12,12 @@
 #define GDN_PREFILL_CHUNK 256
 #define GDN_PREFILL_TILE 8
 
+/* Line steps ahead of the one computed whose x and out rows a SIMD kernel prefetches
+ * (A/B switch of benchmarks/README.md's measures; 0: none). */
+#ifndef GDN_PREFILL_PF
+#define GDN_PREFILL_PF 8
+#endif
+
 /* One request as a prefill unit sees it (the update's geometry, off = 0). */
 typedef struct gdn_prefill_request {
     int skip;         /* pad slot or no tokens: nothing read, nothing written */

@@ -48,7 +48,22 @@ GDN_INLINE void prefill_unit(const gdn_prefill_params *pp, const float *w, int64
             }
             const char *xs = r->x + ta * xt;
             char *os = r->out + ta * ot;
+            const int64_t nsteps = nline / step;
             for (int64_t c = c0; c < c0 + nline; c += step) {
+                /* the rows GDN_PREFILL_PF line steps ahead in this unit's order (a tile's lines,
+                 * then the next tile's): x read, out written. A narrow unit's rows are short
+                 * pieces a row stride apart, which the hardware prefetchers do not follow. */
+#if GDN_PREFILL_PF > 0
+                {
+                    const int64_t k = (c - c0) / step + GDN_PREFILL_PF;
+                    const int64_t pt = ta + k / nsteps * GDN_PREFILL_TILE, pc = (c0 + k % nsteps * step) * e;
+                    const int64_t pn = t1 - pt < GDN_PREFILL_TILE ? t1 - pt : GDN_PREFILL_TILE;
+                    for (int64_t j = 0; j < pn; j++) {
+                        SIMD_PREFETCH_R(r->x + (pt + j) * xt + pc);
+                        SIMD_PREFETCH_W(r->out + (pt + j) * ot + pc);
+                    }
+                }
+#endif
                 V wv[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
 #pragma GCC unroll 4
                 for (int v = 0; v < NV; v++) {

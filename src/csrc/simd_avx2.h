@@ -9,7 +9,10 @@ typedef __m256 V;
 typedef __m256i R;  /* fp32 bits, or 8 x 16-bit in the low 128 bits */
 #define LANES 8
 
-#define SIMD_HINT_W _MM_HINT_T0   /* (prefetchw needs PRFCHW, which not every AVX2 CPU has) */
+/* prefetches of the next unit's (update) or tile's (prefill) rows: prefetcht0 for read
+ * and written rows alike (prefetchw needs PRFCHW, which not every AVX2 CPU has) */
+#define SIMD_PREFETCH_R(p) _mm_prefetch((p), _MM_HINT_T0)
+#define SIMD_PREFETCH_W(p) _mm_prefetch((p), _MM_HINT_T0)
 
 GDN_INLINE R ld_raw(const char *p, int dt) {
     return dt == GDN_F32 ? _mm256_loadu_si256((const __m256i *)p)

@@ -20,7 +20,10 @@ GDN_INLINE void st_raw(char *p, R v, int dt) {
     else _mm256_storeu_si256((__m256i *)p, _mm512_castsi512_si256(v));
 }
 
-#define SIMD_HINT_W _MM_HINT_ET0   /* prefetchw (every AVX-512 CPU has PRFCHW) */
+/* prefetches of the next unit's (update) or tile's (prefill) rows: prefetcht0 for read
+ * rows, prefetchw for written ones (every AVX-512 CPU has PRFCHW) */
+#define SIMD_PREFETCH_R(p) _mm_prefetch((p), _MM_HINT_T0)
+#define SIMD_PREFETCH_W(p) _mm_prefetch((p), _MM_HINT_ET0)
 
 GDN_INLINE V to_f32(R v, int dt) {
     if (dt == GDN_F32) return _mm512_castsi512_ps(v);

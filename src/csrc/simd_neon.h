@@ -31,7 +31,7 @@ GDN_INLINE void st_raw(char *p, R v, int dt) {
     else vst1_u8((uint8_t *)p, vget_low_u8(vreinterpretq_u8_u32(v)));
 }
 
-/* PRFM PLDL1KEEP / PSTL1KEEP (update_simd.h's prefetch of the next unit) */
+/* PRFM PLDL1KEEP / PSTL1KEEP: prefetches of the next unit's (update) or tile's (prefill) rows */
 #define SIMD_PREFETCH_R(p) __builtin_prefetch((p), 0, 3)
 #define SIMD_PREFETCH_W(p) __builtin_prefetch((p), 1, 3)
 

@@ -204,12 +204,7 @@ GDN_INLINE void simd_next_rows(const gdn_update_params *p, int64_t i, int64_t c0
 #endif
 }
 
-/* line (byte offset) o of every row of nx; the ISA header may name its prefetches
- * (SIMD_PREFETCH_R / _W; x86: prefetcht0, and SIMD_HINT_W for written rows) */
-#ifndef SIMD_PREFETCH_R
-#define SIMD_PREFETCH_R(p) _mm_prefetch((p), _MM_HINT_T0)
-#define SIMD_PREFETCH_W(p) _mm_prefetch((p), SIMD_HINT_W)
-#endif
+/* line (byte offset) o of every row of nx (SIMD_PREFETCH_R / _W: the ISA header's) */
 GDN_INLINE void simd_prefetch(const simd_next *nx, int64_t o) {
     for (int k = 0; k < nx->nr; k++) SIMD_PREFETCH_R(nx->row[k] + o);
     for (int k = nx->nr; k < nx->nr + nx->nw; k++) SIMD_PREFETCH_W(nx->row[k] + o);
