@@ -398,6 +398,8 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
         _vllm_tokens(&c.ov, c.vllm)
     if new_out or copied:
         _prefill_apart(c, True, True)
+    if new_out:
+        _advise_huge(&c.ov)
     _prefill_storage(c)   # no user code runs from here on
     _prefill_params(c, bias is not None, cache_indices is not None, new_out, initial_state_indices is not None)
     with nogil:

@@ -358,6 +358,8 @@ cdef object _update(_Update c, x, conv_state, weight, bias, activation, num_acce
         _vllm_order(&c.ov, c.vllm_x)
     if new_out or copied:
         _update_apart(c, True, "out", True)
+    if new_out:
+        _advise_huge(&c.ov)
     _update_storage(c)   # no user code runs from here on
     _update_params(c, bias is not None, conv_state_indices is not None, num_accepted_tokens is not None,
                    new_out, initial_state_indices is not None)
