@@ -117,7 +117,7 @@ def check_vllm(lib):
     kw = {k: to_numpy(v) for k, v in c.kw.items()}
     ref, ref_state = conv_prefill_ref(*args, **kw)
     mag = prefill_magnitude(*args, **kw)
-    out_v = c.vllm()
+    out_v = c.vllm().T   # vLLM writes (D, N), the transpose of x as gdnconv reads it
     st_v = c.state.clone()
     c.state.copy_(st0)
     out_g = gdnconv.conv_prefill(c.x, c.w, **c.kw)

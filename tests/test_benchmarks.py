@@ -3,6 +3,7 @@ what they say when there is nothing to run, and the contention benchmark's busy 
 which must stop by itself. Nothing here is timed."""
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -70,6 +71,32 @@ def test_bench_prefill_smoke():
     assert "library not found" in res.stdout and "engine-like cold" in res.stdout
     row = [line for line in res.stdout.splitlines() if line.split()[:2] == ["2", "40"]]
     assert len(row) == 1 and "nan" in row[0]   # vllm's column is empty
+
+
+def _cpu_flags():
+    try:
+        return next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+
+
+def test_bench_prefill_checks_vllm_against_the_reference():
+    """bench_prefill.py's first step, with vLLM's op library: vLLM's prefill and gdnconv's
+    on a small case against the float64 reference (outputs within tolerance, states bit
+    for bit); a failed check would leave vLLM's column untimed."""
+    pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    lib = os.environ.get("VLLM_C_LIB")
+    if not lib or not os.path.exists(lib):
+        pytest.skip("vLLM's op library not found: set VLLM_C_LIB (see benchmarks/bench_vllm.py)")
+    if "avx512_bf16" not in _cpu_flags():
+        pytest.skip("vLLM's causal_conv1d_fwd_cpu needs AVX512-BF16, which this CPU lacks")
+    res = run_python(f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_prefill; "
+                     f"sys.exit(bench_prefill.main(['--_check', '--lib', {lib!r}]))", timeout=300)
+    assert res.returncode == 0, res.stderr
+    line = res.stdout.strip().splitlines()[-1]
+    m = re.search(r"max error vLLM ([0-9.]+), gdnconv ([0-9.]+) x tolerance", line)
+    assert m and max(float(v) for v in m.groups()) <= 1 and line.endswith("vLLM True, gdnconv True"), line
 
 
 def test_bench_prefix_smoke():
