@@ -418,3 +418,25 @@ def test_a_large_new_torch_out_asks_for_huge_pages(rng, op):
         out = gdnconv.conv_prefill(torch.from_numpy(x[None]), torch.from_numpy(w))
     assert "hg" in _vm_flags(out.data_ptr() + out.numel() * 2), "no MADV_HUGEPAGE on the new out"
     assert_bits_equal(out.numpy(), want, "torch's new out against the NumPy call's")
+
+
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage"),
+                    reason="no transparent huge pages (not Linux, or a kernel without THP)")
+def test_no_huge_page_advice_when_numpy_gives_none():
+    """NumPy's switch of its own advice (_set_madvise_hugepage) is followed: off, a new
+    torch out gets none. 40 MiB: beyond glibc's largest mmap threshold, so the out is a
+    fresh mapping that nothing else advised."""
+    multiarray = pytest.importorskip("numpy._core.multiarray")
+    x = np.ones((1, 1280, 8192), dtype=np.float32)
+    w = np.full((8192, 4), 0.25, dtype=np.float32)
+    previous = multiarray._set_madvise_hugepage(False)
+    try:
+        out = gdnconv.conv_prefill(torch.from_numpy(x), torch.from_numpy(w))
+        assert "hg" not in _vm_flags(out.data_ptr() + out.numel() * 2)
+        del out
+        multiarray._set_madvise_hugepage(True)
+        out = gdnconv.conv_prefill(torch.from_numpy(x), torch.from_numpy(w))
+        assert "hg" in _vm_flags(out.data_ptr() + out.numel() * 2)
+        assert_bits_equal(out.numpy(), gdnconv.conv_prefill(x, w), "out")
+    finally:
+        multiarray._set_madvise_hugepage(previous)

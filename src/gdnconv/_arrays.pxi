@@ -421,23 +421,37 @@ cdef object _new_like(object x, const View *xv):
     return cnp.PyArray_EMPTY(xv.ndim, dims, cnp.PyArray_TYPE(<cnp.ndarray>x), 0)
 
 
-cdef void _advise_huge(const View *v) noexcept:
-    """Ask Linux for huge pages under a large new torch out, before its first touch
-    (NumPy arrays: nothing, NumPy does it itself), as NumPy does for its own arrays of 4 MiB or more (torch's allocator does not
-    unless THP_MEM_ALLOC_ENABLE is set): a 64 MiB new out then faults in 32 pages, not
-    16384 (prefill at 4x1024, D=8192: 42 -> 20 ms, benchmarks/README.md). Advice only:
-    errors (no THP, another page size) are ignored."""
+# NumPy's switch of its own huge-page advice (np._core.multiarray._set_madvise_hugepage;
+# off by default on Linux kernels before 4.6), which _advise_huge follows
+try:
+    from numpy._core.multiarray import _get_madvise_hugepage as _numpy_madvise
+except ImportError:
+    try:
+        from numpy.core.multiarray import _get_madvise_hugepage as _numpy_madvise
+    except ImportError:   # NumPy before 1.26 has no getter: advise
+        _numpy_madvise = None
+
+
+cdef int _advise_huge(const View *v) except -1:
+    """Ask Linux for huge pages under a large new torch out before its first touch, as
+    NumPy does for its own arrays of 4 MiB or more (and only when NumPy does: its
+    switch is followed). torch's allocator does not unless THP_MEM_ALLOC_ENABLE is set,
+    and a 64 MiB out then takes 16384 page faults instead of 32 (prefill at 4x1024,
+    D=8192: 42 -> 20 ms, benchmarks/README.md). Advice only: errors (no THP, another
+    page size) are ignored. NumPy outs: nothing, NumPy has done it."""
     cdef uintptr_t lo, hi
-    cdef long page = sysconf(_SC_PAGESIZE)
+    cdef long page
     if not v.torch:
-        return
+        return 0
     _extent(v, &lo, &hi)
-    if hi - lo < (4 << 20) or page <= 0:
-        return
+    page = sysconf(_SC_PAGESIZE)
+    if hi - lo < (4 << 20) or page <= 0 or (_numpy_madvise is not None and not _numpy_madvise()):
+        return 0
     lo = (lo + page - 1) // page * page
     hi = hi // page * page
     if hi > lo:
         madvise(<void *>lo, hi - lo, MADV_HUGEPAGE)
+    return 0
 
 
 cdef object _made(object a, View *v, const View *like, object x, str name):
