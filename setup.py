@@ -22,7 +22,7 @@ SOURCES = ["src/gdnconv/_core.pyx"] + [
     for name in ("cpu_features", "cpu_x86", "cpu_aarch64", "isa", "threads", "update", "update_scalar",
                  "update_avx2", "update_avx512", "update_avx512bf16", "prefill", "prefill_scalar", "prefill_avx2",
                  "prefill_avx512", "prefill_avx512bf16", "update_neon", "update_neonbf16", "prefill_neon",
-                 "prefill_neonbf16")
+                 "prefill_neonbf16", "memory")
 ]
 
 

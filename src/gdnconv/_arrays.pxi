@@ -428,29 +428,20 @@ try:
 except ImportError:
     try:
         from numpy.core.multiarray import _get_madvise_hugepage as _numpy_madvise
-    except ImportError:   # NumPy before 1.26 has no getter: advise
+    except ImportError:   # a NumPy without the getter: advise
         _numpy_madvise = None
 
 
 cdef int _advise_huge(const View *v) except -1:
-    """Ask Linux for huge pages under a large new torch out before its first touch, as
-    NumPy does for its own arrays of 4 MiB or more (and only when NumPy does: its
-    switch is followed). torch's allocator does not unless THP_MEM_ALLOC_ENABLE is set,
-    and a 64 MiB out then takes 16384 page faults instead of 32 (prefill at 4x1024,
-    D=8192: 42 -> 20 ms, benchmarks/README.md). Advice only: errors (no THP, another
-    page size) are ignored. NumPy outs: nothing, NumPy has done it."""
+    """Huge pages for a large new torch out before its first touch, as NumPy advises
+    its own arrays (and only while NumPy does: its switch is followed); memory.c says
+    why. NumPy outs: nothing, NumPy has done it."""
     cdef uintptr_t lo, hi
-    cdef long page
     if not v.torch:
         return 0
     _extent(v, &lo, &hi)
-    page = sysconf(_SC_PAGESIZE)
-    if hi - lo < (4 << 20) or page <= 0 or (_numpy_madvise is not None and not _numpy_madvise()):
-        return 0
-    lo = (lo + page - 1) // page * page
-    hi = hi // page * page
-    if hi > lo:
-        madvise(<void *>lo, hi - lo, MADV_HUGEPAGE)
+    if hi - lo >= GDN_HUGE_ADVICE_BYTES and (_numpy_madvise is None or _numpy_madvise()):
+        gdn_advise_huge_pages(<void *>lo, <int64_t>(hi - lo))
     return 0
 
 

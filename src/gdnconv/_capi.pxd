@@ -1,5 +1,5 @@
 # The C interface as Cython sees it: the one mirror of include/gdnconv/gdnconv.h, plus
-# the thread-setting hooks of src/csrc/threads.h.
+# the thread-setting hooks of src/csrc/threads.h and the memory advice of src/csrc/memory.h.
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
 cdef extern from "gdnconv/gdnconv.h" nogil:
@@ -81,3 +81,8 @@ cdef extern from "threads.h" nogil:
     int64_t gdn_set_parallel_min_bytes(int64_t bytes)
     void gdn_fork_guard_init()
     int gdn_num_procs()
+
+cdef extern from "memory.h" nogil:
+    enum:
+        GDN_HUGE_ADVICE_BYTES
+    void gdn_advise_huge_pages(void *p, int64_t bytes)

@@ -54,8 +54,6 @@ from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from cpython.ref cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memset
-from posix.mman cimport MADV_HUGEPAGE, madvise
-from posix.unistd cimport _SC_PAGESIZE, sysconf
 
 from gdnconv._capi cimport *
 
