@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import gdnconv
 from conftest import run_python
 from gdnconv.timing import last_level_cache_bytes
 
@@ -73,13 +74,6 @@ def test_bench_prefill_smoke():
     assert len(row) == 1 and "nan" in row[0]   # vllm's column is empty
 
 
-def _cpu_flags():
-    try:
-        return next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-
-
 def test_bench_prefill_checks_vllm_against_the_reference():
     """bench_prefill.py's first step, with vLLM's op library: vLLM's prefill and gdnconv's
     on a small case against the float64 reference (outputs within tolerance, states bit
@@ -89,7 +83,7 @@ def test_bench_prefill_checks_vllm_against_the_reference():
     lib = os.environ.get("VLLM_C_LIB")
     if not lib or not os.path.exists(lib):
         pytest.skip("vLLM's op library not found: set VLLM_C_LIB (see benchmarks/bench_vllm.py)")
-    if "avx512_bf16" not in _cpu_flags():
+    if not gdnconv.cpu_features().get("avx512_bf16"):
         pytest.skip("vLLM's causal_conv1d_fwd_cpu needs AVX512-BF16, which this CPU lacks")
     res = run_python(f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_prefill; "
                      f"sys.exit(bench_prefill.main(['--_check', '--lib', {lib!r}]))", timeout=300)
