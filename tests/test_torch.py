@@ -383,6 +383,10 @@ def test_tensors_recognised_when_torch_is_imported_after_numpy_calls():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
+needs_thp = pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage"),
+                               reason="no transparent huge pages (not Linux, or a kernel without THP)")
+
+
 def _vm_flags(addr):
     """The VmFlags of the mapping of this process that holds address addr (/proc/self/smaps)."""
     inside = False
@@ -397,8 +401,7 @@ def _vm_flags(addr):
     raise AssertionError(f"no mapping holds {addr:#x}")
 
 
-@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage"),
-                    reason="no transparent huge pages (not Linux, or a kernel without THP)")
+@needs_thp
 @pytest.mark.parametrize("op", ["update", "prefill"])
 def test_a_large_new_torch_out_asks_for_huge_pages(rng, op):
     """A new torch out of 4 MiB or more is advised MADV_HUGEPAGE (smaps flag hg) before
@@ -420,13 +423,13 @@ def test_a_large_new_torch_out_asks_for_huge_pages(rng, op):
     assert_bits_equal(out.numpy(), want, "torch's new out against the NumPy call's")
 
 
-@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage"),
-                    reason="no transparent huge pages (not Linux, or a kernel without THP)")
+@needs_thp
 def test_no_huge_page_advice_when_numpy_gives_none():
     """NumPy's switch of its own advice (_set_madvise_hugepage) is followed: off, a new
     torch out gets none. 40 MiB: beyond glibc's largest mmap threshold, so the out is a
     fresh mapping that nothing else advised."""
-    multiarray = pytest.importorskip("numpy._core.multiarray")
+    multiarray = pytest.importorskip("numpy._core.multiarray",
+                                     reason="NumPy 1.x: its switch lives elsewhere (numpy.core)")
     x = np.ones((1, 1280, 8192), dtype=np.float32)
     w = np.full((8192, 4), 0.25, dtype=np.float32)
     previous = multiarray._set_madvise_hugepage(False)
