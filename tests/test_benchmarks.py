@@ -192,3 +192,22 @@ def test_bench_grid_without_the_library_says_where_to_get_it():
     res = run_python(code)
     assert res.returncode != 0
     assert "library not found (/nonexistent/_C.abi3.so)" in res.stderr
+
+
+def test_bench_grid_without_vllm_times_gdnconv_against_the_copy(capsys):
+    """--without-vllm (a CPU without AVX512-BF16): the grid runs without vLLM's library, its
+    table and summary hold the copy ratios only, and every row has them."""
+    pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    import bench_grid
+    assert bench_grid.main(["--without-vllm", "--lib", "/nonexistent/_C.abi3.so", "--modes", "plain", "prefill",
+                            "--dims", "64", "--batch", "4", "--prefill", "1x16", "--rounds", "1",
+                            "--sample-us", "10", "--wait-quiet", "0", "--warm", "--csv", ""]) == 0
+    out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.split()[:2] == ["mode", "D"])
+    assert head.split() == ["mode", "D", "shape", "MB", "layers", "np", "vllm.py", "copy", "np/copy", "py/copy",
+                            "iqr%", "other%"]
+    rows = [line.split() for line in out.splitlines() if line.split()[:2] in (["plain", "64"], ["prefill", "64"])]
+    assert [r[:3] for r in rows] == [["plain", "64", "B=4"], ["prefill", "64", "1x16"]]
+    assert all(len(r) == len(head.split()) and float(r[8]) > 0 and float(r[9]) > 0 for r in rows)
+    assert "np / copy, decode B >= 4" in out and "np / copy, prefill" in out and "vLLM, every case" not in out
