@@ -84,7 +84,7 @@ def test_bench_prefill_checks_vllm_against_the_reference():
     if not lib or not os.path.exists(lib):
         pytest.skip("vLLM's op library not found: set VLLM_C_LIB (see benchmarks/bench_vllm.py)")
     if not gdnconv.cpu_features().get("avx512_bf16"):
-        pytest.skip("vLLM's causal_conv1d_fwd_cpu needs AVX512-BF16, which this CPU lacks")
+        pytest.skip("CPU lacks avx512_bf16, which vLLM's causal_conv1d_fwd_cpu needs")
     res = run_python(f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_prefill; "
                      f"sys.exit(bench_prefill.main(['--_check', '--lib', {lib!r}]))", timeout=300)
     assert res.returncode == 0, res.stderr
