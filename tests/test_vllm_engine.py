@@ -64,18 +64,28 @@ def routed(result, *sites):
         assert all(c["fallback"] == 0 for c in counters.values()), counters
 
 
+def gdn_sites():
+    """The sites (decode, prefill) through which vLLM's GDN layer calls its conv on this CPU:
+    the wrappers of its C++ op where it runs that op (gdn_attention.py's ``use_cpp_conv``:
+    AVX512-BF16, or aarch64 with bf16), its generic CPU conv functions elsewhere."""
+    import torch
+    from vllm.model_executor.layers.mamba.ops.cpu.gdn_attention import is_arm_bf16
+    cpp = torch.cpu._is_avx512_bf16_supported() or is_arm_bf16()
+    return ("gdn.decode", "gdn.prefill") if cpp else ("conv.update", "conv.prefill")
+
+
 def test_qwen3_next_tokens_identical_with_the_plugin(checkpoints):
     on, off = run(checkpoints, "qwen3_next"), run(checkpoints, "qwen3_next", plugin=False)
     assert_same_greedy(on, off)
     assert len({t for seq in on["tokens"] for t in seq}) > 8, "a random checkpoint gives varied tokens"
-    routed(on, "gdn.decode", "gdn.prefill")
+    routed(on, *gdn_sites())
     assert off["workers"] == [{}] or all(not c for c in off["workers"]), "GDNCONV_VLLM=0 routes nothing"
 
 
 def test_qwen3_next_mtp_speculative_decoding(checkpoints):
     on, off = run(checkpoints, "qwen3_next", spec=2), run(checkpoints, "qwen3_next", spec=2, plugin=False)
     assert_same_greedy(on, off)
-    routed(on, "gdn.spec", "gdn.prefill")
+    routed(on, "gdn.spec", gdn_sites()[1])
     plain = run(checkpoints, "qwen3_next")
     assert_same_greedy(on, plain)          # greedy speculative decoding gives the greedy tokens
 
@@ -97,5 +107,5 @@ def test_tensor_parallel_workers_each_route_their_shard(checkpoints):
     one = run(checkpoints, "qwen3_next")
     two = run(checkpoints, "qwen3_next", tp=2)
     assert len(two["workers"]) == 2
-    routed(two, "gdn.decode", "gdn.prefill")
+    routed(two, *gdn_sites())
     assert_same_greedy(two, one)
