@@ -12,9 +12,11 @@ prefill (B requests of T tokens, every one with an initial state) at the same D 
 the shapes of --prefill; bf16, W = 4, SiLU, no bias, state slots permuted. Peers, on the
 same layers' memory:
   np      gdnconv through its NumPy API (conv_update_multi / conv_prefill), a new out
-          per call, as vLLM's op allocates one
+          per call, as vLLM's op allocates one; the weight packed once by
+          gdnconv.pack_weight (--weight raw: the plain bf16 weight)
   vllm.py gdnconv through ``gdnconv.vllm.causal_conv1d_update`` / ``causal_conv1d_fn``
-          (vLLM's signatures and views; decode with a preallocated out=)
+          (vLLM's signatures and views; decode with a preallocated out=); vLLM's packed
+          weight with is_weight_packed=True where vLLM's op runs (--weight raw: the plain one)
   vLLM    torch.ops._C.causal_conv1d_update_cpu / causal_conv1d_fwd_cpu, weights packed
           once per layer (benchmarks/bench_vllm.py, bench_prefill.py build the layers)
   copy    np.copyto rotated through its own buffers: of the call's byte count
@@ -54,13 +56,13 @@ RATIOS = {"np_vllm": ("np", "vLLM", "np/vLLM"), "py_vllm": ("vllm.py", "vLLM", "
           "vllm_copy": ("vLLM", "copy", "vLLM/cp")}
 
 
-def decode_case(torch, ops, rng, mode, D, B, rotation):
+def decode_case(torch, ops, rng, mode, D, B, rotation, weight):
     """(peers, bytes, layers) of one decode case."""
     import gdnconv
     plain = mode == "plain"
     T = 1 if plain else 4
     L = bench_vllm.W_VLLM - 1 if plain else bench_vllm.W_VLLM - 2 + T
-    make = lambda: bench_vllm.Peer(torch, ops, rng, B, T, D, L)
+    make = lambda: bench_vllm.Peer(torch, ops, rng, B, T, D, L, weight=weight)
     layers = [make()]
     while len(layers) < rotation.layers(layers[0].held_bytes):
         layers.append(make())
@@ -70,24 +72,29 @@ def decode_case(torch, ops, rng, mode, D, B, rotation):
     nbytes = int(gdnconv.bytes_moved(x, p.state, p.w, num_accepted_tokens=na, conv_state_indices=p.idx))
     turn = itertools.cycle(range(len(layers)))   # the peers take turns on the same layers
     peers = {"np": cycle([q.gdn(plain=plain) for q in layers], turn),
-             "vllm.py": cycle([q.gdn_vllm(plain=plain) for q in layers], turn),
+             "vllm.py": cycle([q.gdn_vllm(plain=plain, packed=vllm_packs(ops, weight)) for q in layers], turn),
              "vLLM": cycle([q.vllm(plain=plain) for q in layers], turn) if ops is not None else None,
              "copy": copy_same_bytes(nbytes, rotation.layers(2 * nbytes))}
     return {k: f for k, f in peers.items() if f is not None}, nbytes, len(layers)
 
 
-def prefill_case(torch, ops, rng, D, B, T, rotation):
+def prefill_case(torch, ops, rng, D, B, T, rotation, weight):
     layers = [bench_prefill.Layer(torch, ops, B, T, D, rng)]
     layer_bytes = layers[0].nbytes + layers[0].x.nbytes   # + the out it allocates
     while len(layers) < rotation.layers(layer_bytes):
         layers.append(bench_prefill.Layer(torch, ops, B, T, D, rng))
     turn = itertools.cycle(range(len(layers)))
     nbytes = layers[0].nbytes
-    peers = {"np": cycle([c.gdn_numpy() for c in layers], turn),
-             "vllm.py": cycle([c.gdn_vllm() for c in layers], turn),
+    peers = {"np": cycle([c.gdn_numpy(packed=weight == "packed") for c in layers], turn),
+             "vllm.py": cycle([c.gdn_vllm(packed=vllm_packs(ops, weight)) for c in layers], turn),
              "vLLM": cycle([c.vllm for c in layers], turn) if ops is not None else None,
              "copy": copy_same_bytes(nbytes // 2, rotation.layers(nbytes))}
     return {k: f for k, f in peers.items() if f is not None}, nbytes, len(layers)
+
+
+def vllm_packs(ops, weight):
+    """Whether gdnconv.vllm gets vLLM's packed weight: with --weight packed where vLLM's op runs."""
+    return weight == "packed" and ops is not None
 
 
 def time_peers(peers, args):
@@ -124,6 +131,13 @@ def main(argv=None):
                     help="before each case wait up to S seconds for other processes to use < 15%% of a CPU, and time "
                          "it again (twice at most, keeping the quieter run) when they used > 20%% meanwhile; 0: "
                          "never wait (default: %(default)s)")
+    ap.add_argument("--weight", choices=("packed", "raw"), default="packed",
+                    help="packed: every library its weight as packed once at load, as an engine holds it (np: "
+                         "gdnconv.pack_weight's float32 layout; vllm.py: vLLM's packed weight with "
+                         "is_weight_packed=True, which vLLM's GDN layer hands over on the CPUs its op runs on; "
+                         "with --without-vllm vllm.py gets the raw weight, as vLLM packs none there); raw: both "
+                         "gdnconv peers the plain bf16 (D, W) weight, converted in every call (the figures of "
+                         "stops before 38); vLLM always gets its packed weight (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", default=os.path.join("bench_out", "bench_grid.csv"), help="CSV path ('' for none)")
     add_mode_arguments(ap, layers=32)
@@ -146,7 +160,7 @@ def main(argv=None):
           f"({os.cpu_count()} CPUs), load {os.getloadavg()[0]:.2f}; gdnconv {gdnconv.__version__} "
           f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, threads {threads} (both)")
     print(f"{rotation.describe()}")
-    print(f"bf16, W=4, silu, no bias; medians of {args.rounds} interleaved rounds, us per call; ratios of medians "
+    print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}; medians of {args.rounds} interleaved rounds, us per call; ratios of medians "
           f"(< 1: gdnconv faster); iqr: the case's largest interquartile range, % of the median; other%: CPU "
           f"time of other processes meanwhile, % of one CPU")
     cols = [c for c in PEERS if c != "vLLM" or ops is not None]
@@ -161,9 +175,9 @@ def main(argv=None):
                       else [(B, 1 if mode == "plain" else 4) for B in args.batch])
             for B, T in shapes:
                 if mode == "prefill":
-                    peers, nbytes, n = prefill_case(torch, ops, rng, D, B, T, rotation)
+                    peers, nbytes, n = prefill_case(torch, ops, rng, D, B, T, rotation, args.weight)
                 else:
-                    peers, nbytes, n = decode_case(torch, ops, rng, mode, D, B, rotation)
+                    peers, nbytes, n = decode_case(torch, ops, rng, mode, D, B, rotation, args.weight)
                 med, iqr, others = None, 0.0, float("inf")
                 for _ in range(3 if args.wait_quiet > 0 else 1):   # disturbed by other processes: wait, retry
                     wait_quiet(args.wait_quiet)

@@ -75,8 +75,9 @@ class Layer:
         self.nbytes = int(gdnconv.prefill_bytes_moved(self.x, self.w, **self.kw))
         self.wpack = ops.causal_conv1d_weight_pack(self.w) if ops is not None else None
 
-    def gdn_numpy(self):
-        """gdnconv.conv_prefill on NumPy views of the same memory, a new out per call."""
+    def gdn_numpy(self, packed=False):
+        """gdnconv.conv_prefill on NumPy views of the same memory, a new out per call; with
+        ``packed`` the weight as ``gdnconv.pack_weight`` gives it, made once."""
         import ml_dtypes
 
         import gdnconv
@@ -84,14 +85,18 @@ class Layer:
         view = lambda t: t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 \
             else t.numpy()
         x, w, kw = view(self.x), view(self.w), {k: view(v) for k, v in self.kw.items()}
+        if packed:
+            w = gdnconv.pack_weight(w)
         return lambda: gdnconv.conv_prefill(x, w, **kw)
 
-    def gdn_vllm(self):
-        """gdnconv through ``gdnconv.vllm.causal_conv1d_fn`` with vLLM's views (x (D, N), state (S, D, L))."""
+    def gdn_vllm(self, packed=False):
+        """gdnconv through ``gdnconv.vllm.causal_conv1d_fn`` with vLLM's views (x (D, N), state (S, D, L)),
+        with ``packed`` vLLM's packed weight and ``is_weight_packed=True``."""
         import gdnconv.vllm as gv
-        x, w, st, k = self.x.T, self.w, self.state.transpose(1, 2), self.kw
+        x, w, st, k = self.x.T, self.wpack if packed else self.w, self.state.transpose(1, 2), self.kw
         return lambda: gv.causal_conv1d_fn(x, w, None, st, k["query_start_loc"], k["cache_indices"],
-                                           k["has_initial_state"], activation="silu", pad_slot_id=-1)
+                                           k["has_initial_state"], activation="silu", pad_slot_id=-1,
+                                           is_weight_packed=packed)
 
     def vllm(self):
         k = self.kw

@@ -131,16 +131,20 @@ class Peer:
             return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=o)
         return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
 
-    def gdn_vllm(self, plain=False):
+    def gdn_vllm(self, plain=False, packed=False):
         """gdnconv through ``gdnconv.vllm.causal_conv1d_update`` with vLLM's views (x (B, D, T)
-        or (B, D), state (S, D, L), the raw (D, W) weight) and a preallocated out (so x
-        stays the same from call to call); ``plain`` as in ``vllm``."""
+        or (B, D), state (S, D, L), the raw (D, W) weight, or with ``packed`` vLLM's packed one
+        and ``is_weight_packed=True``, as vLLM's GDN layer calls it on AVX512-BF16 CPUs) and a
+        preallocated out (so x stays the same from call to call); ``plain`` as in ``vllm``."""
         import gdnconv.vllm as gv
         x, o = (self.xt[:, 0], self.outt[:, 0]) if plain else (self.xt.transpose(1, 2), self.outt.transpose(1, 2))
         st, w, b, idx, na = self.st.transpose(1, 2), self.wt, self.bt, self.idxt, None if plain else self.nat
+        if packed:
+            w = self.wv
         act = "silu" if self.silu else None
         return lambda: gv.causal_conv1d_update(x, st, w, b, activation=act, conv_state_indices=idx,
-                                               num_accepted_tokens=na, out=o, pad_slot_id=-1)
+                                               num_accepted_tokens=na, out=o, pad_slot_id=-1,
+                                               is_weight_packed=packed)
 
 
 def _run_both(p):

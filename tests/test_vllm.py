@@ -220,6 +220,57 @@ def test_packed_weight_gives_the_plain_weights_bits(mode):
         weight = gv.unpack_weight(packed)
 
 
+@pytest.mark.parametrize("mode", ["plain", "spec", "prefill"])
+def test_packed_weight_reaches_the_core_as_kept_float32(mode, monkeypatch):
+    """is_weight_packed=True: the core gets the kept float32 tap-major form of the unpacked weight
+    (gdnconv.pack_weight's layout, read in place) and a kept float32 copy of a bf16 bias, the same
+    tensors call after call and in one core call (no refusal, no second path); a bias changed in
+    place is copied again, one changed through .data after forget_packed_weights(). Outputs and
+    state keep the bits of the plain bf16 weight and bias."""
+    B, D, W, T = 3, 96, 4, 3
+    conv_state, weight, bias, tokens = _tensors(11, "bf16", B, T, D, W, W - 2 + T, 5, "SD")
+    packed = gv.pack_weight_like_vllm(weight)
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32)
+    core = "_conv_prefill_vllm" if mode == "prefill" else "_conv_update_vllm"
+    seen = []
+
+    def spy(*args, **kw):      # the update's core takes (x, state, weight, bias), the prefill's (x, weight, bias)
+        seen.append(args[1:3] if mode == "prefill" else args[2:4])
+        return real(*args, **kw)
+
+    real = getattr(gdnconv._core, core)
+    monkeypatch.setattr(gdnconv._core, core, spy)
+
+    def call(w, b, packed_flag, st):
+        if mode == "prefill":
+            qsl = torch.tensor([0, 2, 2, 9], dtype=torch.int32)
+            return gv.causal_conv1d_fn(tokens.reshape(-1, D)[:9].T, w, b, st, qsl, slots,
+                                       torch.tensor([True, False, True]), is_weight_packed=packed_flag)
+        nat = torch.tensor([1, 3, 2], dtype=torch.int32) if mode == "spec" else None
+        x = tokens.transpose(1, 2).clone() if mode == "spec" else tokens[:, 0].clone()
+        return gv.causal_conv1d_update(x, st, w, b, "silu", slots, nat, is_weight_packed=packed_flag)
+
+    kept = []
+    for step in range(4):
+        a, b = conv_state.clone(), conv_state.clone()
+        ra = call(weight, bias, False, a)
+        seen.clear()
+        rb = call(packed, bias, True, b)
+        assert torch.equal(bits_t(ra), bits_t(rb)) and torch.equal(bits_t(a), bits_t(b))
+        assert len(seen) == 1
+        w, bb = seen[0]
+        assert w.dtype == torch.float32 and w.shape == (D, W) and w.stride() == (1, D)
+        assert torch.equal(w, weight.float()) and bb.dtype == torch.float32 and torch.equal(bb, bias.float())
+        kept.append((w, bb))
+        if step == 1:
+            bias.mul_(-1)                                  # in place: its version counter moves
+        elif step == 2:
+            bias.data.copy_(torch.randn(D).bfloat16())     # unseen by the counter
+            gv.forget_packed_weights()
+    assert kept[1][0] is kept[0][0] and kept[1][1] is kept[0][1]     # kept, not remade
+    assert kept[2][0] is kept[1][0] and kept[2][1] is not kept[1][1]  # the bias remade alone
+
+
 def test_packed_weight_refusals_write_nothing():
     conv_state, weight, bias, tokens = _tensors(8, "bf16", 2, 1, 40, 4, 3, 4, "SD")
     before = conv_state.clone()

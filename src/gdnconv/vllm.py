@@ -18,8 +18,9 @@ Design:
   arrays longer than the batch: the first ``B`` entries are used (vLLM's kernels read so).
 - ``is_weight_packed=True``: the weight is in the layout vLLM's ``causal_conv1d_weight_pack``
   gives it at load on AVX512-BF16 and aarch64-BF16 hosts (see ``unpack_weight``); it is
-  unpacked once per weight tensor, the copy remade when the tensor's memory or version counter
-  changes. Writes the version counter does not see (through ``.data``, ``.numpy()``, DLPack)
+  unpacked once per weight tensor and kept as float32 in ``gdnconv.pack_weight``'s layout (which
+  the kernels read without converting), a bf16/fp16 bias beside it as a float32 copy (the same
+  values: the same bits out), each remade when its tensor's memory or version counter changes. Writes the version counter does not see (through ``.data``, ``.numpy()``, DLPack)
   need ``forget_packed_weights()``; vLLM's own packing assigns ``.data``, which is seen.
 - What vLLM returns: ``out`` in ``x``'s shape and dtype; with ``out=None`` the result is
   written into ``x`` itself, as vLLM does. The update refuses an ``x`` whose float dtype differs
@@ -207,15 +208,20 @@ def pack_weight_like_vllm(weight):
     return weight.reshape(D // _PACK_BLOCK, _PACK_BLOCK, 2, 2).permute(0, 2, 1, 3).reshape(D, 4).contiguous()
 
 
-_unpacked = {}    # id(packed tensor) -> (weakref, version, data_ptr, plain weight)
+# id(packed weight) -> (weakref, version, data_ptr, its float32 tap-major weight), and
+# id(bias) -> (weakref, version, data_ptr, its float32 copy), for is_weight_packed=True calls
+_unpacked = {}
+_biases = {}
 
 
 def forget_packed_weights():
-    """Drop every unpacked copy kept for ``is_weight_packed=True`` weights (see ``unpack_weight``):
-    needed only after a packed weight's values were changed where its version counter does not
-    see it (through ``.data``, ``.numpy()`` or DLPack), e.g. a weight reload that writes a
-    packed tensor in place; a new tensor, or ``.data = ...``, is seen by itself."""
+    """Drop every copy kept for ``is_weight_packed=True`` calls (the weights' unpacked float32
+    form and their biases' float32 copies, see ``unpack_weight``): needed only after such a
+    weight or its bias was changed where its version counter does not see it (through
+    ``.data``, ``.numpy()`` or DLPack), e.g. a weight reload that writes a packed tensor in
+    place; a new tensor, or ``.data = ...``, is seen by itself."""
     _unpacked.clear()
+    _biases.clear()
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -228,40 +234,54 @@ def _version(t):
         return None
 
 
-def _plain_weight(weight):
-    """unpack_weight(weight), made once per weight tensor while it lives, keeps its memory and
-    its version counter does not move (unpacking takes ~180 us at D=8192 through torch ops, more
-    than a decode call); an inference tensor, which has no version counter, is unpacked on
-    every call, as is every call while torch.compile traces."""
-    if torch.compiler.is_compiling():
-        return unpack_weight(weight)
-    key = id(weight)
-    hit = _unpacked.get(key)
-    version = _version(weight)
-    if (hit is not None and hit[0]() is weight and version is not None and hit[1] == version
-            and hit[2] == weight.data_ptr()):
+def _kept(table, t, make):
+    """make(t), made once per tensor t while it lives, keeps its memory and its version counter
+    does not move; a tensor without a version counter (an inference tensor) gets make(t) on
+    every call."""
+    key = id(t)
+    hit = table.get(key)
+    version = _version(t)
+    if (hit is not None and hit[0]() is t and version is not None and hit[1] == version
+            and hit[2] == t.data_ptr()):
         return hit[3]
-    plain = unpack_weight(weight)
+    made = make(t)
     if version is not None:
-        _unpacked[key] = (weakref.ref(weight, lambda _, k=key: _unpacked.pop(k, None)), version,
-                          weight.data_ptr(), plain)
-    return plain
+        table[key] = (weakref.ref(t, lambda _, k=key: table.pop(k, None)), version, t.data_ptr(), made)
+    return made
 
 
-def _tried_weight(weight, is_weight_packed):
-    """The weight of a plain_tensors try: a packed plain tensor unpacked (_plain_weight); a
-    packed weight of another type as it is, for the try to refuse before any of its code runs."""
+def _packed_weights(weight, bias):
+    """A packed weight and its bias as the core reads them fastest: the unpacked weight as
+    float32 with taps outermost (``gdnconv.pack_weight``: the kernels read it in place, where a
+    bf16 (D, W) weight is converted on every call; ~10% of a decode call, B = 1..64) and a
+    float32 bias, the same values (bf16 and fp16 widen exactly), so the same bits out. Both are
+    made once per tensor (``_kept``; unpacking alone takes ~180 us at D=8192 through torch ops,
+    more than a decode call). While torch.compile traces: the unpacked weight, made on every
+    call, and the bias as it is. A bias of another dtype or type is passed on unchanged, for
+    the core to take or refuse with its own message."""
+    if torch.compiler.is_compiling():
+        return unpack_weight(weight), bias
+    weight = _kept(_unpacked, weight, lambda w: _g.pack_weight(unpack_weight(w)))
+    if type(bias) in _PLAIN_TENSORS and bias.dtype in (torch.float16, torch.bfloat16):
+        bias = _kept(_biases, bias, lambda b: b.detach().float())
+    return weight, bias
+
+
+def _tried_weights(weight, bias, is_weight_packed):
+    """The weight and bias of a plain_tensors try: a packed plain tensor's as _packed_weights
+    gives them; a packed weight of another type as it is, for the try to refuse before any of
+    its code runs."""
     if is_weight_packed and type(weight) in _PLAIN_TENSORS:
-        return _plain_weight(weight)
-    return weight
+        return _packed_weights(weight, bias)
+    return weight, bias
 
 
 def _weights(weight, bias, is_weight_packed, dtype):
-    """weight and bias as the core takes them with activations of ``dtype``: unpacked when
-    packed; fp16/bf16 that differ from ``dtype`` widened to float32 (exact). Any other dtype
-    is passed on for the core to refuse with its own message."""
+    """weight and bias as the core takes them with activations of ``dtype``: a packed weight as
+    _packed_weights gives it; fp16/bf16 that differ from ``dtype`` widened to float32 (exact).
+    Any other dtype is passed on for the core to refuse with its own message."""
     if is_weight_packed:
-        weight = _plain_weight(weight)
+        weight, bias = _packed_weights(weight, bias)
     elif (isinstance(weight, torch.Tensor) and weight.dtype is dtype
           and (bias is None or isinstance(bias, torch.Tensor) and bias.dtype is dtype)):
         return weight, bias           # vLLM's usual call: no attribute read twice (~0.2 us)
@@ -374,7 +394,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         out: tensor of ``x``'s shape and dtype; None: written into ``x``, as vLLM does.
         pad_slot_id: slots equal to it are skipped (default -1, vLLM's ``PAD_SLOT_ID``).
         is_weight_packed: True when ``weight`` is in vLLM's packed layout (``unpack_weight``;
-            the unpacked copy is kept per weight tensor: ``forget_packed_weights``).
+            its unpacked float32 form, and a float32 copy of the bias, are kept per tensor:
+            ``forget_packed_weights``).
 
     Returns ``out`` (``x`` when not given), in ``x``'s shape and dtype.
 
@@ -389,7 +410,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
         try:
-            _core._conv_update_vllm(x, conv_state, _tried_weight(weight, is_weight_packed), bias,
+            _core._conv_update_vllm(x, conv_state, *_tried_weights(weight, bias, is_weight_packed),
                                     activation=activation, num_accepted_tokens=num_accepted_tokens,
                                     conv_state_indices=conv_state_indices, pad_slot_id=pad_slot_id, out=target,
                                     plain_tensors=True)

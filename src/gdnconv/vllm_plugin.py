@@ -110,8 +110,8 @@ def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indi
     (S, D, L) in either storage, pad -1; returns a new tensor like x."""
     gv = _gv or _vllm_adapters()
     try:     # the usual call, as gdnconv.vllm.causal_conv1d_update tries it, in the op's (B, T, D) order
-        return gv._core._conv_update_vllm(x, conv_states, gv._tried_weight(weight, is_weight_packed),
-                                          bias, activation=silu_activation, num_accepted_tokens=num_accepted_tokens,
+        return gv._core._conv_update_vllm(x, conv_states, *gv._tried_weights(weight, bias, is_weight_packed),
+                                          activation=silu_activation, num_accepted_tokens=num_accepted_tokens,
                                           conv_state_indices=conv_state_indices, plain_tensors=True,
                                           tokens_last=True)   # a new out: padded requests' rows are zeros
     except (TypeError, ValueError):
@@ -214,9 +214,13 @@ def _spec_forward(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_b
     if mixed_qkv_spec.shape[0] != int(qsl[-1]):
         raise ValueError(f"spec tokens {mixed_qkv_spec.shape[0]} != spec_query_start_loc[-1] = {int(qsl[-1])}")
     conv_out = torch.empty_like(mixed_qkv_spec)
-    gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, gdn._unpacked_conv_weight(layer), layer.conv1d.bias,
-                            layer.activation == "silu", (idx[:, 0] if idx.dim() == 2 else idx).contiguous(),
-                            num_acc, qsl, out=conv_out)
+    # a weight vLLM packed at load (its plain copy stashed beside it) goes in packed, for
+    # gdnconv.vllm's kept float32 form of it; else vLLM's plain (D, W) view
+    packed = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None
+    weight = layer.conv1d.weight if packed else gdn._unpacked_conv_weight(layer)
+    gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, weight, layer.conv1d.bias, layer.activation == "silu",
+                            (idx[:, 0] if idx.dim() == 2 else idx).contiguous(), num_acc, qsl, out=conv_out,
+                            is_weight_packed=packed)
     query, key, value = layer.rearrange_mixed_qkv(conv_out)
     return gdn.ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
         A_log=layer.A_log, dt_bias=layer.dt_bias, q=query.squeeze(0), k=key.squeeze(0), v=value.squeeze(0),
