@@ -27,7 +27,8 @@
  * layout and sd in alternation, sample by sample in one process (each with its own layers),
  * printing both medians and the median (and quartiles) of the per-sample ratio: runs as
  * separate processes on a shared VM differed by up to 2x, the alternated ratio by a few %.
- * spec (the default) or plain: the mode (plain: L = W - 1, no num_accepted_tokens). */
+ * spec (the default) or plain: the mode (plain: L = W - 1, no num_accepted_tokens). T: tokens per
+ * request (default 4; 1 is vLLM's plain decode, the grid's plain rows). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,7 +130,7 @@ static gdn_update_params *make_layers(int64_t nl, const char *layout, int64_t B,
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] "
-                "[bf16|fp16|fp32] [sd|ds|hf|ds/sd|hf/sd] [spec|plain]\n", argv[0]);
+                "[bf16|fp16|fp32] [sd|ds|hf|ds/sd|hf/sd] [spec|plain] [T]\n", argv[0]);
         return 2;
     }
     char layout[8];
@@ -137,7 +138,12 @@ int main(int argc, char **argv) {
     const int pair = strlen(layout) == 5 && strcmp(layout + 2, "/sd") == 0 && strcmp(layout, "sd/sd") != 0;
     if (pair) layout[2] = 0;   /* ds/sd, hf/sd: that layout against sd */
     const int plain = argc > 11 && strcmp(argv[11], "plain") == 0;
-    const int64_t B = atol(argv[1]), D = atol(argv[2]), T = 4, W = 4, L = plain ? W - 1 : W - 2 + T;
+    const int64_t T = argc > 12 ? atol(argv[12]) : 4;
+    const int64_t B = atol(argv[1]), D = atol(argv[2]), W = 4, L = plain ? W - 1 : W - 2 + T;
+    if (T < 1) {
+        fprintf(stderr, "T = %s: tokens per request must be >= 1\n", argv[12]);
+        return 2;
+    }
     const int silu = argc <= 3 || strcmp(argv[3], "none") != 0;
     const int threads = argc > 4 ? atoi(argv[4]) : 1;
     if (gdn_select_isa(argc > 5 ? argv[5] : NULL) != 0) {
@@ -166,7 +172,7 @@ int main(int argc, char **argv) {
 
     int32_t *nat = malloc(B * 4), *slots = malloc(B * 4);
     srand(1);
-    for (int64_t i = 0; i < B; i++) slots[i] = (int32_t)i, nat[i] = 1 + rand() % 3;
+    for (int64_t i = 0; i < B; i++) slots[i] = (int32_t)i, nat[i] = 1 + rand() % (T < 3 ? T : 3);
     if (perm)
         for (int64_t i = B - 1; i > 0; i--) {
             const int64_t j = rand() % (i + 1);
@@ -204,9 +210,9 @@ int main(int argc, char **argv) {
         ratio[k] = us[k] / cu[k];
     }
     if (pair) {
-        printf("%s B=%ld D=%ld %s threads=%d isa=%s %s %s %s %s (layers %ld): %s median %.2f us/call, sd %.2f; "
+        printf("%s B=%ld T=%ld D=%ld %s threads=%d isa=%s %s %s %s %s (layers %ld): %s median %.2f us/call, sd %.2f; "
                "%s/sd median %.3f (quartiles %.3f %.3f)\n",
-               dname, (long)B, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
+               dname, (long)B, (long)T, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
                perm ? "perm" : "identity", cold ? "cold" : "warm", plain ? "plain" : "spec", (long)nl, layout,
                median(us, SAMPLES), median(cu, SAMPLES), layout, median(ratio, SAMPLES), nth(ratio, SAMPLES, SAMPLES / 4),
                nth(ratio, SAMPLES, SAMPLES - 1 - SAMPLES / 4));
@@ -214,9 +220,9 @@ int main(int argc, char **argv) {
     }
     double best = us[0];
     for (int k = 1; k < SAMPLES; k++) best = us[k] < best ? us[k] : best;
-    printf("%s B=%ld D=%ld %s threads=%d isa=%s %s %s %s %s %s (layers %ld): best %.2f median %.2f us/call; "
+    printf("%s B=%ld T=%ld D=%ld %s threads=%d isa=%s %s %s %s %s %s (layers %ld): best %.2f median %.2f us/call; "
            "copy %.2f us; kernel/copy %.2f\n",
-           dname, (long)B, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
+           dname, (long)B, (long)T, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
            perm ? "perm" : "identity", cold ? "cold" : "warm", layout, plain ? "plain" : "spec", (long)nl, best,
            median(us, SAMPLES),
            median(cu, SAMPLES), median(ratio, SAMPLES));

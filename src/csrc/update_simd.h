@@ -280,11 +280,11 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
                     }
                     if (j < nt) simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, 1, NV, dt, W, silu);
                 }
-                if (!spec || t0 + nt < r.T)  /* the last H inputs become the window (plain mode's roll) */
+                if (t0 + nt < r.T)  /* the last H inputs become the next slab's window */
                     simd_copy(buf, buf + nt * bs, H * bs);
             }
-            if (!spec)  /* rows 0..W-2 <- the last W-1 inputs of the window */
-                state_out(st, sl, sd, H, buf, bs, nline, p->dtype);
+            if (!spec)  /* rows 0..W-2 <- the last W-1 inputs: buf rows from the last slab's size on */
+                state_out(st, sl, sd, H, buf + ((r.T - 1) % GDN_SLAB + 1) * bs, bs, nline, p->dtype);
         }
         if (nline < c1 - c0) gdn_update_scalar_range(p, &r, 1, c0 + nline, c1);
     }

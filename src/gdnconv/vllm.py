@@ -227,27 +227,33 @@ def forget_packed_weights():
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
-def _version(t):
-    try:
-        return t._version
-    except RuntimeError:         # an inference tensor has no version counter
-        return None
-
-
 def _kept(table, t, make):
     """make(t), made once per tensor t while it lives, keeps its memory and its version counter
     does not move; a tensor without a version counter (an inference tensor) gets make(t) on
     every call."""
     key = id(t)
     hit = table.get(key)
-    version = _version(t)
-    if (hit is not None and hit[0]() is t and version is not None and hit[1] == version
-            and hit[2] == t.data_ptr()):
+    try:
+        version = t._version
+    except RuntimeError:         # an inference tensor has no version counter
+        version = None
+    if hit is not None and hit[1] == version and version is not None and hit[0]() is t and hit[2] == t.data_ptr():
         return hit[3]
     made = make(t)
     if version is not None:
         table[key] = (weakref.ref(t, lambda _, k=key: table.pop(k, None)), version, t.data_ptr(), made)
     return made
+
+
+def _float_pack(packed):
+    return _g.pack_weight(unpack_weight(packed))
+
+
+def _float_bias(bias):
+    return bias.detach().float()
+
+
+_HALVES = (torch.float16, torch.bfloat16)
 
 
 def _packed_weights(weight, bias):
@@ -261,9 +267,9 @@ def _packed_weights(weight, bias):
     the core to take or refuse with its own message."""
     if torch.compiler.is_compiling():
         return unpack_weight(weight), bias
-    weight = _kept(_unpacked, weight, lambda w: _g.pack_weight(unpack_weight(w)))
-    if type(bias) in _PLAIN_TENSORS and bias.dtype in (torch.float16, torch.bfloat16):
-        bias = _kept(_biases, bias, lambda b: b.detach().float())
+    weight = _kept(_unpacked, weight, _float_pack)
+    if bias is not None and type(bias) in _PLAIN_TENSORS and bias.dtype in _HALVES:
+        bias = _kept(_biases, bias, _float_bias)
     return weight, bias
 
 
