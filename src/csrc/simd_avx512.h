@@ -25,6 +25,10 @@ GDN_INLINE void st_raw(char *p, R v, int dt) {
 #define SIMD_PREFETCH_R(p) _mm_prefetch((p), _MM_HINT_T0)
 #define SIMD_PREFETCH_W(p) _mm_prefetch((p), _MM_HINT_ET0)
 
+/* the update's one-token steps take twice the vectors (update_simd.h: 32 registers hold
+ * them; one token uses each weight once, so the loads fold into the FMAs) */
+#define SIMD_WIDE_T1 1
+
 GDN_INLINE V to_f32(R v, int dt) {
     if (dt == GDN_F32) return _mm512_castsi512_ps(v);
     if (dt == GDN_F16) return _mm512_cvtph_ps(_mm512_castsi512_si256(v));

@@ -36,8 +36,9 @@ GDN_INLINE void simd_tokens(const char *xs, int64_t xt, char *os, int64_t ot, V 
 #pragma GCC unroll 8
     for (int j = 0; j < n; j++) {
 #ifdef SIMD_ST2_NATIVE
-        if (dt == GDN_BF16_NATIVE && NV == 2) {
-            st2_native(os + j * ot, acc[j * NV], acc[j * NV + 1]);
+        if (dt == GDN_BF16_NATIVE && NV % 2 == 0) {
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v += 2) st2_native(os + j * ot + v * ve, acc[j * NV + v], acc[j * NV + v + 1]);
             continue;
         }
 #endif

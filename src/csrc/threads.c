@@ -33,15 +33,27 @@ int64_t gdn_set_parallel_min_bytes(int64_t bytes) {
 static int in_forked_child;
 #ifdef GDN_HAVE_FORK
 static pid_t guard_pid;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
 static void mark_forked_child(void) { in_forked_child = 1; }
+static void arm_fork_guard(void) {
+    guard_pid = getpid();
+    pthread_atfork(NULL, NULL, mark_forked_child);
+}
 #endif
 
 void gdn_fork_guard_init(void) {
 #ifdef GDN_HAVE_FORK
-    guard_pid = getpid();
-    pthread_atfork(NULL, NULL, mark_forked_child);
+    pthread_once(&guard_once, arm_fork_guard);
 #endif
 }
+
+#if defined(GDN_HAVE_FORK) && (defined(__GNUC__) || defined(__clang__))
+/* Armed when the code is loaded, in the process that loads it, so that a program
+ * linking the C core without calling gdn_fork_guard_init (benchmarks/bench_kernel.c,
+ * compare_isas.c) is not taken for a forked child: unarmed, guard_pid 0 never equals
+ * getpid() and every call ran on one thread, whatever it asked for. */
+__attribute__((constructor)) static void arm_at_load(void) { gdn_fork_guard_init(); }
+#endif
 
 static int forked(void) {
 #ifdef GDN_HAVE_FORK

@@ -57,8 +57,9 @@ float *gdn_thread_scratch(int64_t n);
 /* Calls moving fewer bytes run on the calling thread; returns the previous value. */
 int64_t gdn_set_parallel_min_bytes(int64_t bytes);
 
-/* Call once before any call (the extension does at import): from then on, a process
- * forked from this one runs every call on its calling thread. */
+/* Arms the fork guard (once; the code's load does too, where the compiler has
+ * constructors, and the extension calls it at import): from then on, a process forked
+ * from this one runs every call on its calling thread. */
 void gdn_fork_guard_init(void);
 
 /* CPUs the process may use as the OpenMP runtime counts them (its count stays the

@@ -210,6 +210,41 @@ GDN_INLINE void simd_prefetch(const simd_next *nx, int64_t o) {
     for (int k = nx->nr; k < nx->nr + nx->nw; k++) SIMD_PREFETCH_W(nx->row[k] + o);
 }
 
+/* Line steps of channels [ca, cb) (offsets in the unit's block) of one slab: its nt
+ * tokens staged in buf rows H.. (bs bytes apart), outputs to os rows ot bytes apart; NV
+ * vectors a step (a constant: update_simd.h's 64-byte line, or twice that for a single
+ * token, SIMD_WIDE_T1), the weights, bias and window loaded per step, tokens in groups of
+ * 4 / NV vectors' worth, the remainder in halving groups. With prefetch, a line of each
+ * of the next unit's rows per GDN_PF_EVERY bytes of the step. */
+GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, int64_t ca, int64_t cb, int64_t nt,
+                           const float *const *wrow, const float *brow, const simd_next *nx, int prefetch,
+                           const int NV, const int dt, const int W, const int silu) {
+    const int H = W - 1, G = 4 / NV;
+    const int64_t e = gdn_elsize(dt), step = NV * LANES;
+    for (int64_t c = ca; c < cb; c += step) {
+        V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
+        if (prefetch)
+            for (int64_t o = c * e; o < (c + step) * e; o += 64)
+                if (o % GDN_PF_EVERY == 0) simd_prefetch(nx, o);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            b[v] = vload(brow + c + v * LANES);
+#pragma GCC unroll 8
+            for (int k = 0; k < W; k++) w[k][v] = vload(wrow[k] + c + v * LANES);
+#pragma GCC unroll 8
+            for (int k = 0; k < H; k++) hf[k][v] = to_f32(ld_raw(buf + k * bs + (c + v * LANES) * e, dt), dt);
+        }
+        int64_t j = 0;
+        for (; j + G <= nt; j += G)
+            simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, G, NV, dt, W, silu);
+        if (G > 2 && j + 2 <= nt) {
+            simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, 2, NV, dt, W, silu);
+            j += 2;
+        }
+        if (j < nt) simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, 1, NV, dt, W, silu);
+    }
+}
+
 /* One (requests, channel block) unit for constant dtype, width and activation.
  *
  * Every row a request touches is staged through a small buffer, row by row: the
@@ -232,7 +267,6 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     const int64_t sd = p->state_stride_d;   /* 1, or > 1: time-contiguous */
     const int64_t xt = p->x_stride_t * e, ot = p->out_stride_t * e;
     const int NV = ve >= 64 ? 1 : 64 / ve > 4 ? 4 : (int)(64 / ve);  /* vectors per line step */
-    const int G = 4 / NV;                             /* tokens per group: G * NV = 4 vectors */
     const int64_t step = NV * LANES, nline = (c1 - c0) / step * step, bytes = nline * e;
     const int64_t bs = GDN_BLOCK_CHANNELS * e;       /* buf row stride */
     const int spec = p->num_accepted_tokens != NULL;
@@ -259,27 +293,16 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
                 } else if (spec)
                     state_out(st + (W - 2 + t0) * sl, sl, sd, (int)nt, buf + H * bs, bs, nline, p->dtype);
                 char *os = r.out + e * c0 + t0 * ot;
-                for (int64_t c = 0; c < nline; c += step) {
-                    V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
-                    if (t0 == 0 && (c * e) % GDN_PF_EVERY == 0) simd_prefetch(&nx, c * e);
-#pragma GCC unroll 4
-                    for (int v = 0; v < NV; v++) {
-                        b[v] = vload(brow + c + v * LANES);
-#pragma GCC unroll 8
-                        for (int k = 0; k < W; k++) w[k][v] = vload(wrow[k] + c + v * LANES);
-#pragma GCC unroll 8
-                        for (int k = 0; k < H; k++) hf[k][v] = to_f32(ld_raw(buf + k * bs + (c + v * LANES) * e, dt), dt);
-                    }
-                    /* groups of G tokens, the remainder (< G) in halving groups */
-                    int64_t j = 0;
-                    for (; j + G <= nt; j += G)
-                        simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, G, NV, dt, W, silu);
-                    if (G > 2 && j + 2 <= nt) {
-                        simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, 2, NV, dt, W, silu);
-                        j += 2;
-                    }
-                    if (j < nt) simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, 1, NV, dt, W, silu);
-                }
+#ifdef SIMD_WIDE_T1
+                /* one token: twice the vectors a step, so that each step has as many
+                 * independent chains as a group of tokens has (the SiLU chain is long) */
+                const int NVW = NV < 4 ? 2 * NV : 4;
+                const int64_t wide = nt == 1 ? nline / (NVW * LANES) * (NVW * LANES) : 0;
+                simd_lines(buf, bs, os, ot, 0, wide, nt, wrow, brow, &nx, t0 == 0, NVW, dt, W, silu);
+#else
+                const int64_t wide = 0;
+#endif
+                simd_lines(buf, bs, os, ot, wide, nline, nt, wrow, brow, &nx, t0 == 0, NV, dt, W, silu);
                 if (t0 + nt < r.T)  /* the last H inputs become the next slab's window */
                     simd_copy(buf, buf + nt * bs, H * bs);
             }
