@@ -187,6 +187,18 @@ def test_errors_name_the_callers_shapes():
     assert torch.equal(bits_t(conv_state), bits_t(before))
 
 
+def _three_request_call(mode, tokens, slots, w, b, packed_flag, st):
+    """One gdnconv.vllm call of the packed-weight tests over three requests (tokens (3, T, D)):
+    a prefill of 2, 0 and 7 tokens, a spec step (T tokens each) or a plain one."""
+    if mode == "prefill":
+        qsl = torch.tensor([0, 2, 2, 9], dtype=torch.int32)
+        return gv.causal_conv1d_fn(tokens.reshape(-1, tokens.shape[-1])[:9].T, w, b, st, qsl, slots,
+                                   torch.tensor([True, False, True]), is_weight_packed=packed_flag)
+    nat = torch.tensor([1, 3, 2], dtype=torch.int32) if mode == "spec" else None
+    x = tokens.transpose(1, 2).clone() if mode == "spec" else tokens[:, 0].clone()
+    return gv.causal_conv1d_update(x, st, w, b, "silu", slots, nat, is_weight_packed=packed_flag)
+
+
 @pytest.mark.parametrize("mode", ["plain", "spec", "prefill"])
 def test_packed_weight_gives_the_plain_weights_bits(mode):
     """is_weight_packed=True: a weight in vLLM's packed layout (causal_conv1d_weight_pack, at load on
@@ -200,13 +212,7 @@ def test_packed_weight_gives_the_plain_weights_bits(mode):
     slots = torch.tensor([4, 0, 2], dtype=torch.int32)
 
     def call(w, packed_flag, st):
-        if mode == "prefill":
-            qsl = torch.tensor([0, 2, 2, 9], dtype=torch.int32)
-            return gv.causal_conv1d_fn(tokens.reshape(-1, D)[:9].T, w, bias, st, qsl, slots,
-                                       torch.tensor([True, False, True]), is_weight_packed=packed_flag)
-        nat = torch.tensor([1, 3, 2], dtype=torch.int32) if mode == "spec" else None
-        x = tokens.transpose(1, 2).clone() if mode == "spec" else tokens[:, 0].clone()
-        return gv.causal_conv1d_update(x, st, w, bias, "silu", slots, nat, is_weight_packed=packed_flag)
+        return _three_request_call(mode, tokens, slots, w, bias, packed_flag, st)
 
     for step in range(3):
         a, b = conv_state.clone(), conv_state.clone()
@@ -242,13 +248,7 @@ def test_packed_weight_reaches_the_core_as_kept_float32(mode, monkeypatch):
     monkeypatch.setattr(gdnconv._core, core, spy)
 
     def call(w, b, packed_flag, st):
-        if mode == "prefill":
-            qsl = torch.tensor([0, 2, 2, 9], dtype=torch.int32)
-            return gv.causal_conv1d_fn(tokens.reshape(-1, D)[:9].T, w, b, st, qsl, slots,
-                                       torch.tensor([True, False, True]), is_weight_packed=packed_flag)
-        nat = torch.tensor([1, 3, 2], dtype=torch.int32) if mode == "spec" else None
-        x = tokens.transpose(1, 2).clone() if mode == "spec" else tokens[:, 0].clone()
-        return gv.causal_conv1d_update(x, st, w, b, "silu", slots, nat, is_weight_packed=packed_flag)
+        return _three_request_call(mode, tokens, slots, w, b, packed_flag, st)
 
     kept = []
     for step in range(4):
