@@ -160,9 +160,9 @@ def main(argv=None):
           f"({os.cpu_count()} CPUs), load {os.getloadavg()[0]:.2f}; gdnconv {gdnconv.__version__} "
           f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, threads {threads} (both)")
     print(f"{rotation.describe()}")
-    print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}; medians of {args.rounds} interleaved rounds, us per call; ratios of medians "
-          f"(< 1: gdnconv faster); iqr: the case's largest interquartile range, % of the median; other%: CPU "
-          f"time of other processes meanwhile, % of one CPU")
+    print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}; medians of {args.rounds} interleaved rounds, "
+          f"us per call; ratios of medians (< 1: gdnconv faster); iqr: the case's largest interquartile range, % of "
+          f"the median; other%: CPU time of other processes meanwhile, % of one CPU")
     cols = [c for c in PEERS if c != "vLLM" or ops is not None]
     ratios = [k for k, (a, b, _) in RATIOS.items() if a in cols and b in cols]
     print(f"{'mode':>7} {'D':>5} {'shape':>7} {'MB':>6} {'layers':>6}  "

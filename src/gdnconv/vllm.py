@@ -20,8 +20,9 @@ Design:
   gives it at load on AVX512-BF16 and aarch64-BF16 hosts (see ``unpack_weight``); it is
   unpacked once per weight tensor and kept as float32 in ``gdnconv.pack_weight``'s layout (which
   the kernels read without converting), a bf16/fp16 bias beside it as a float32 copy (the same
-  values: the same bits out), each remade when its tensor's memory or version counter changes. Writes the version counter does not see (through ``.data``, ``.numpy()``, DLPack)
-  need ``forget_packed_weights()``; vLLM's own packing assigns ``.data``, which is seen.
+  values: the same bits out), each remade when its tensor's memory or version counter changes.
+  Writes the version counter does not see (through ``.data``, ``.numpy()``, DLPack) need
+  ``forget_packed_weights()``; vLLM's own packing assigns ``.data``, which is seen.
 - What vLLM returns: ``out`` in ``x``'s shape and dtype; with ``out=None`` the result is
   written into ``x`` itself, as vLLM does. The update refuses an ``x`` whose float dtype differs
   from the state's (a result computed in the state's dtype and copied back would bypass the
@@ -237,7 +238,8 @@ def _kept(table, t, make):
         version = t._version
     except RuntimeError:         # an inference tensor has no version counter
         version = None
-    if hit is not None and hit[1] == version and version is not None and hit[0]() is t and hit[2] == t.data_ptr():
+    if (hit is not None and hit[1] == version and version is not None and hit[0]() is t
+            and hit[2] == t.data_ptr()):
         return hit[3]
     made = make(t)
     if version is not None:
