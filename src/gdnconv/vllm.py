@@ -261,8 +261,9 @@ _HALVES = (torch.float16, torch.bfloat16)
 def _packed_weights(weight, bias):
     """A packed weight and its bias as the core reads them fastest: the unpacked weight as
     float32 with taps outermost (``gdnconv.pack_weight``: the kernels read it in place, where a
-    bf16 (D, W) weight is converted on every call; ~10% of a decode call, B = 1..64) and a
-    float32 bias, the same values (bf16 and fp16 widen exactly), so the same bits out. Both are
+    bf16 (D, W) weight is converted on every call: 0.87-1.06x the call's time, median 0.94,
+    benchmarks/README.md, stop 38) and a float32 bias, the same values (bf16 and fp16 widen
+    exactly), so the same bits out. Both are
     made once per tensor (``_kept``; unpacking alone takes ~180 us at D=8192 through torch ops,
     more than a decode call). While torch.compile traces: the unpacked weight, made on every
     call, and the bias as it is. A bias of another dtype or type is passed on unchanged, for
