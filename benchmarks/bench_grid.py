@@ -15,8 +15,13 @@ same layers' memory:
           per call, as vLLM's op allocates one; the weight packed once by
           gdnconv.pack_weight (--weight raw: the plain bf16 weight)
   vllm.py gdnconv through ``gdnconv.vllm.causal_conv1d_update`` / ``causal_conv1d_fn``
-          (vLLM's signatures and views; decode with a preallocated out=); vLLM's packed
-          weight with is_weight_packed=True where vLLM's op runs (--weight raw: the plain one)
+          (vLLM's signatures and views); vLLM's packed weight with is_weight_packed=True
+          where vLLM's op runs (--weight raw: the plain one). Decode writes out= one
+          preallocated tensor shared by the layers: warm, as the block an allocator hands
+          out again for np's and vLLM's new outs, or as x is where vLLM's callers have the
+          result written into x (which a rotation cannot repeat: fed back, the values grow
+          to inf); a per-layer out (stops before 39) made its writes cold, 0.77-0.95x the
+          shared out's time... (see benchmarks/README.md, stop 39)
   vLLM    torch.ops._C.causal_conv1d_update_cpu / causal_conv1d_fwd_cpu, weights packed
           once per layer (benchmarks/bench_vllm.py, bench_prefill.py build the layers)
   copy    np.copyto rotated through its own buffers: of the call's byte count
@@ -71,8 +76,10 @@ def decode_case(torch, ops, rng, mode, D, B, rotation, weight):
     na = None if plain else p.na
     nbytes = int(gdnconv.bytes_moved(x, p.state, p.w, num_accepted_tokens=na, conv_state_indices=p.idx))
     turn = itertools.cycle(range(len(layers)))   # the peers take turns on the same layers
+    shared = torch.empty_like(p.outt)   # gdnconv.vllm's out, the same for every layer (see the docstring)
     peers = {"np": cycle([q.gdn(plain=plain) for q in layers], turn),
-             "vllm.py": cycle([q.gdn_vllm(plain=plain, packed=vllm_packs(ops, weight)) for q in layers], turn),
+             "vllm.py": cycle([q.gdn_vllm(plain=plain, packed=vllm_packs(ops, weight), out=shared) for q in layers],
+                              turn),
              "vLLM": cycle([q.vllm(plain=plain) for q in layers], turn) if ops is not None else None,
              "copy": copy_same_bytes(nbytes, rotation.layers(2 * nbytes))}
     return {k: f for k, f in peers.items() if f is not None}, nbytes, len(layers)

@@ -131,13 +131,18 @@ class Peer:
             return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=o)
         return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
 
-    def gdn_vllm(self, plain=False, packed=False):
+    def gdn_vllm(self, plain=False, packed=False, out=None):
         """gdnconv through ``gdnconv.vllm.causal_conv1d_update`` with vLLM's views (x (B, D, T)
         or (B, D), state (S, D, L), the raw (D, W) weight, or with ``packed`` vLLM's packed one
         and ``is_weight_packed=True``, as vLLM's GDN layer calls it on AVX512-BF16 CPUs) and a
-        preallocated out (so x stays the same from call to call); ``plain`` as in ``vllm``."""
+        preallocated out, so x stays the same from call to call (vLLM's callers pass none, and
+        the result goes into x: repeated calls would feed each result back in, which grows to
+        inf within ~100 calls): this peer's own, or ``out``, a (B, T, D) tensor (bench_grid.py
+        passes one for all its layers, warm as a block the allocator hands out again is);
+        ``plain`` as in ``vllm``."""
         import gdnconv.vllm as gv
-        x, o = (self.xt[:, 0], self.outt[:, 0]) if plain else (self.xt.transpose(1, 2), self.outt.transpose(1, 2))
+        o = self.outt if out is None else out
+        x, o = (self.xt[:, 0], o[:, 0]) if plain else (self.xt.transpose(1, 2), o.transpose(1, 2))
         st, w, b, idx, na = self.st.transpose(1, 2), self.wt, self.bt, self.idxt, None if plain else self.nat
         if packed:
             w = self.wv

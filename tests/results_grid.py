@@ -3,7 +3,7 @@
 A refactoring that must not change results is checked by running this before and
 after it and comparing the lines (``python tests/results_grid.py > before.txt``).
 The grid: every ISA this CPU runs; fp32, fp16 and bf16 (and fp32 weights with 16-bit
-activations); widths 2..8; plain, speculative and varlen calls with pad slots; SiLU
+activations); widths 2..8; plain (two tokens, and one), speculative and varlen calls with pad slots; SiLU
 and no activation; channel-contiguous, transposed-state, strided-x and out=x
 layouts; D with and without a channel tail.
 """
@@ -24,7 +24,7 @@ def _calls(rng):
         for wname in (("same", "f32w") if dname != "fp32" else ("same",)):
             for W in range(2, 9):
                 for D in (37, 300):
-                    for mode in ("plain", "spec", "varlen"):
+                    for mode in ("plain", "plain1", "spec", "varlen"):
                         for layout in ("contig", "ds_state", "strided_x", "out_is_x"):
                             for act in ("silu", None):
                                 yield (dname, wname, W, D, mode, layout, act), rng.integers(1 << 31)
@@ -35,8 +35,8 @@ def _one(key, seed):
     dt = DTYPES[dname]
     rng = np.random.default_rng(seed)
     B, S = 5, 9
-    T = 3 if mode != "plain" else 2
-    L = W - 1 + (T - 1) if mode != "plain" else W - 1 + 1
+    T = {"plain": 2, "plain1": 1}.get(mode, 3)       # plain1: one token, vLLM's plain decode
+    L = {"plain": W, "plain1": W - 1}.get(mode, W - 1 + (T - 1))
     wdt = np.float32 if wname == "f32w" else dt
     weight = rng.standard_normal((D, W)).astype(wdt)
     bias = rng.standard_normal(D).astype(wdt)

@@ -229,8 +229,8 @@ def test_packed_weight_gives_the_plain_weights_bits(mode):
 @pytest.mark.parametrize("mode", ["plain", "spec", "prefill"])
 def test_packed_weight_reaches_the_core_as_kept_float32(mode, monkeypatch):
     """is_weight_packed=True: the core gets the kept float32 tap-major form of the unpacked weight
-    (gdnconv.pack_weight's layout, read in place) and a kept float32 copy of a bf16 bias, the same
-    tensors call after call and in one core call (no refusal, no second path); a bias changed in
+    (gdnconv.pack_weight's layout, read in place) and a kept float32 copy of a bf16 bias, as NumPy
+    arrays, the same arrays call after call and in one core call (no refusal, no second path); a bias changed in
     place is copied again, one changed through .data after forget_packed_weights(). Outputs and
     state keep the bits of the plain bf16 weight and bias."""
     B, D, W, T = 3, 96, 4, 3
@@ -259,8 +259,10 @@ def test_packed_weight_reaches_the_core_as_kept_float32(mode, monkeypatch):
         assert torch.equal(bits_t(ra), bits_t(rb)) and torch.equal(bits_t(a), bits_t(b))
         assert len(seen) == 1
         w, bb = seen[0]
-        assert w.dtype == torch.float32 and w.shape == (D, W) and w.stride() == (1, D)
-        assert torch.equal(w, weight.float()) and bb.dtype == torch.float32 and torch.equal(bb, bias.float())
+        assert isinstance(w, np.ndarray) and isinstance(bb, np.ndarray)     # read without a tensor's checks
+        assert w.dtype == np.float32 and w.shape == (D, W) and w.strides == (4, 4 * D)
+        assert np.array_equal(w, weight.float().numpy()) and bb.dtype == np.float32
+        assert np.array_equal(bb, bias.float().numpy())
         kept.append((w, bb))
         if step == 1:
             bias.mul_(-1)                                  # in place: its version counter moves
@@ -268,7 +270,71 @@ def test_packed_weight_reaches_the_core_as_kept_float32(mode, monkeypatch):
             bias.data.copy_(torch.randn(D).bfloat16())     # unseen by the counter
             gv.forget_packed_weights()
     assert kept[1][0] is kept[0][0] and kept[1][1] is kept[0][1]     # kept, not remade
-    assert kept[2][0] is kept[1][0] and kept[2][1] is not kept[1][1]  # the bias remade alone
+    assert kept[2][1] is not kept[1][1] and kept[3][1] is not kept[2][1]   # remade for the changed bias
+
+
+def test_packed_weights_kept_per_pair_and_for_inference_tensors(monkeypatch):
+    """is_weight_packed=True: the kept float32 copies are per (weight, bias) pair (one weight with
+    two biases keeps both, no remaking as calls alternate); a float32 bias is passed on as it is;
+    an inference-tensor weight (no version counter) is unpacked on every call and never kept.
+    Every call has the bits of the plain weight widened to float32 with that bias."""
+    B, D, W = 3, 64, 4
+    conv_state, weight, bias, tokens = _tensors(12, "bf16", B, 1, D, W, W - 1, 5, "SD")
+    packed = gv.pack_weight_like_vllm(weight)
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32)
+    made = []
+    real = gv._make_packed
+    monkeypatch.setattr(gv, "_make_packed", lambda w, b: made.append(1) or real(w, b))
+    gv.forget_packed_weights()
+
+    def pair(w, b, flag):
+        st = conv_state.clone()
+        res = gv.causal_conv1d_update(tokens[:, 0].clone(), st, w, b, "silu", slots, is_weight_packed=flag)
+        return bits_t(res), bits_t(st)
+
+    other = (torch.randn(D, generator=torch.Generator().manual_seed(3)) / 2).bfloat16()
+    f32 = other.float() + 1e-3              # not a bf16 value: a float32 bias the core takes with float32 weights
+    for b in (bias, other, bias, other, f32, None):
+        want = pair(weight.float(), None if b is None else b.float(), False)
+        assert all(torch.equal(g, w) for g, w in zip(pair(packed, b, True), want))
+    # (weight, bias), (weight, other), and (weight, no bias kept): the float32 bias is passed on, like None
+    assert len(made) == 3 and len(gv._kept) == 3
+    with torch.inference_mode():
+        frozen = packed.clone()
+    made.clear()
+    for _ in range(2):
+        assert all(torch.equal(g, w) for g, w in zip(pair(frozen, bias, True), pair(weight.float(), bias.float(), False)))
+    assert len(made) == 2 and len(gv._kept) == 3
+
+
+def test_the_try_reads_ndarrays_but_not_their_subclasses(monkeypatch):
+    """The plain_tensors try takes numpy.ndarray weights (the kept packed weights are arrays) and
+    refuses an ndarray subclass and an ndarray x, which the full path then takes or refuses:
+    the same bits either way."""
+    core = gdnconv._core._conv_update_vllm
+    tried = []
+
+    def spy(*args, **kw):
+        tried.append(kw.get("plain_tensors", False))
+        return core(*args, **kw)
+
+    monkeypatch.setattr(gdnconv._core, "_conv_update_vllm", spy)
+    conv_state, weight, bias, tokens = _tensors(13, "fp32", 2, 1, 32, 4, 3, 4, "SD")
+    slots = torch.tensor([3, 1], dtype=torch.int32)
+
+    class Sub(np.ndarray):
+        pass
+
+    results = []
+    for w in (weight.numpy(), weight.numpy().view(Sub)):
+        st = conv_state.clone()
+        tried.clear()
+        res = gv.causal_conv1d_update(tokens[:, 0].clone(), st, w, bias.numpy(), "silu", slots)
+        results.append((bits_t(res), bits_t(st), list(tried)))
+    assert results[0][2] == [True] and results[1][2] == [True, False]
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        core(tokens[:, 0].numpy(), conv_state, weight, bias, plain_tensors=True)
 
 
 def test_packed_weight_refusals_write_nothing():

@@ -14,6 +14,10 @@ typedef __m256i R;  /* fp32 bits, or 8 x 16-bit in the low 128 bits */
 #define SIMD_PREFETCH_R(p) _mm_prefetch((p), _MM_HINT_T0)
 #define SIMD_PREFETCH_W(p) _mm_prefetch((p), _MM_HINT_T0)
 
+/* the update's one-token steps take twice the vectors where a line is fewer than four
+ * (fp32: two ymm; update_simd.h) */
+#define SIMD_WIDE_T1 1
+
 GDN_INLINE R ld_raw(const char *p, int dt) {
     return dt == GDN_F32 ? _mm256_loadu_si256((const __m256i *)p)
                          : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p));

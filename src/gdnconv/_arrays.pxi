@@ -114,13 +114,16 @@ cdef inline bint _is_tensor(object a):
 
 
 cdef int _plain_tensors(tuple args) except -1:
-    """Every argument given (not None) is a torch.Tensor or an nn.Parameter (whose
-    __torch_function__ is torch's own): checked by type alone, so no user code runs."""
-    if not _is_tensor(args[0]):
+    """x is a torch.Tensor or an nn.Parameter (whose __torch_function__ is torch's own), and
+    every other argument given (not None) one of those or a numpy.ndarray: checked by type
+    alone, so no user code runs."""
+    if not _is_tensor(args[0]) or type(args[0]) is not _tensor_type and type(args[0]) is not _parameter_type:
         raise TypeError(f"x must be a torch.Tensor, got {type(args[0]).__name__}")
     for a in args:
-        if a is not None and type(a) is not _tensor_type and type(a) is not _parameter_type:
-            raise TypeError(f"an argument is a {type(a).__name__}, not a torch.Tensor or nn.Parameter")
+        if (a is not None and type(a) is not _tensor_type and type(a) is not _parameter_type
+                and type(a) is not np.ndarray):
+            raise TypeError(f"an argument is a {type(a).__name__}, not a torch.Tensor, nn.Parameter or "
+                            f"numpy.ndarray")
     return 0
 
 

@@ -209,10 +209,9 @@ def pack_weight_like_vllm(weight):
     return weight.reshape(D // _PACK_BLOCK, _PACK_BLOCK, 2, 2).permute(0, 2, 1, 3).reshape(D, 4).contiguous()
 
 
-# id(packed weight) -> (weakref, version, data_ptr, its float32 tap-major weight), and
-# id(bias) -> (weakref, version, data_ptr, its float32 copy), for is_weight_packed=True calls
-_unpacked = {}
-_biases = {}
+# (id(packed weight), id(bias)) -> (weakref to the weight, weakref to the bias or None, their
+# stamps, the float32 weight, the float32 bias or None): what _kept_weights made for that pair
+_kept = {}
 
 
 def forget_packed_weights():
@@ -221,68 +220,57 @@ def forget_packed_weights():
     weight or its bias was changed where its version counter does not see it (through
     ``.data``, ``.numpy()`` or DLPack), e.g. a weight reload that writes a packed tensor in
     place; a new tensor, or ``.data = ...``, is seen by itself."""
-    _unpacked.clear()
-    _biases.clear()
+    _kept.clear()
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-
-
-def _kept(table, t, make):
-    """make(t), made once per tensor t while it lives, keeps its memory and its version counter
-    does not move; a tensor without a version counter (an inference tensor) gets make(t) on
-    every call."""
-    key = id(t)
-    hit = table.get(key)
-    try:
-        version = t._version
-    except RuntimeError:         # an inference tensor has no version counter
-        version = None
-    if (hit is not None and hit[1] == version and version is not None and hit[0]() is t
-            and hit[2] == t.data_ptr()):
-        return hit[3]
-    made = make(t)
-    if version is not None:
-        table[key] = (weakref.ref(t, lambda _, k=key: table.pop(k, None)), version, t.data_ptr(), made)
-    return made
-
-
-def _float_pack(packed):
-    return _g.pack_weight(unpack_weight(packed))
-
-
-def _float_bias(bias):
-    return bias.detach().float()
-
-
 _HALVES = (torch.float16, torch.bfloat16)
+_is_compiling = torch.compiler.is_compiling
+
+
+def _make_packed(weight, bias):
+    """The unpacked weight as float32 with taps outermost (``gdnconv.pack_weight``'s layout) and
+    the bias (bf16 or fp16) as float32, both NumPy arrays: the core reads an array's memory
+    without the checks a tensor needs (~0.4 us a call each)."""
+    return (_g.pack_weight(unpack_weight(weight.detach()).float().numpy()),
+            None if bias is None else bias.detach().float().numpy())
+
+
+def _kept_weights(weight, bias):
+    """A packed plain-tensor weight and its bias as the core reads them fastest
+    (``_make_packed``: the kernels read the float32 weight in place, where a bf16 (D, W) weight
+    is converted on every call: 0.87-1.06x the call's time, median 0.94, benchmarks/README.md,
+    stop 38), the same values (bf16 and fp16 widen exactly), so the same bits out. Made once
+    per (weight, bias) pair and remade when either's memory or version counter moves
+    (unpacking alone takes ~180 us at D=8192 through torch ops, more than a decode call); for
+    an inference tensor, which has no version counter, on every call. A bias other than a
+    bf16/fp16 plain tensor is passed on as it is, for the core to take or refuse with its own
+    message."""
+    half = bias is None or type(bias) in _PLAIN_TENSORS and bias.dtype in _HALVES
+    kept_bias = bias if half else None
+    try:
+        stamps = ((weight._version, weight.data_ptr()) if kept_bias is None else
+                  (weight._version, weight.data_ptr(), kept_bias._version, kept_bias.data_ptr()))
+    except RuntimeError:         # an inference tensor has no version counter
+        made = _make_packed(weight, kept_bias)
+        return made[0], made[1] if half else bias
+    key = (id(weight), id(kept_bias))
+    hit = _kept.get(key)
+    if (hit is None or hit[2] != stamps or hit[0]() is not weight
+            or (hit[1] is not None and hit[1]() is not kept_bias)):
+        gone = lambda _, k=key: _kept.pop(k, None)
+        hit = _kept[key] = (weakref.ref(weight, gone), None if kept_bias is None else weakref.ref(kept_bias, gone),
+                            stamps) + _make_packed(weight, kept_bias)
+    return hit[3], hit[4] if half else bias
 
 
 def _packed_weights(weight, bias):
-    """A packed weight and its bias as the core reads them fastest: the unpacked weight as
-    float32 with taps outermost (``gdnconv.pack_weight``: the kernels read it in place, where a
-    bf16 (D, W) weight is converted on every call: 0.87-1.06x the call's time, median 0.94,
-    benchmarks/README.md, stop 38) and a float32 bias, the same values (bf16 and fp16 widen
-    exactly), so the same bits out. Both are
-    made once per tensor (``_kept``; unpacking alone takes ~180 us at D=8192 through torch ops,
-    more than a decode call). While torch.compile traces: the unpacked weight, made on every
-    call, and the bias as it is. A bias of another dtype or type is passed on unchanged, for
-    the core to take or refuse with its own message."""
-    if torch.compiler.is_compiling():
+    """``_kept_weights``'s weight and bias for any weight: while torch.compile traces, the
+    unpacked weight, made on every call, and the bias as it is; a weight that is not a plain
+    tensor through unpack_weight, which refuses what is not a tensor."""
+    if _is_compiling() or type(weight) not in _PLAIN_TENSORS:
         return unpack_weight(weight), bias
-    weight = _kept(_unpacked, weight, _float_pack)
-    if bias is not None and type(bias) in _PLAIN_TENSORS and bias.dtype in _HALVES:
-        bias = _kept(_biases, bias, _float_bias)
-    return weight, bias
-
-
-def _tried_weights(weight, bias, is_weight_packed):
-    """The weight and bias of a plain_tensors try: a packed plain tensor's as _packed_weights
-    gives them; a packed weight of another type as it is, for the try to refuse before any of
-    its code runs."""
-    if is_weight_packed and type(weight) in _PLAIN_TENSORS:
-        return _packed_weights(weight, bias)
-    return weight, bias
+    return _kept_weights(weight, bias)
 
 
 def _weights(weight, bias, is_weight_packed, dtype):
@@ -412,15 +400,16 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     gdnconv refuses; nothing is written then.
     """
     if (query_start_loc is None and block_idx_last_scheduled_token is None and initial_state_idx is None
-            and null_block_id is None and type(max_query_len) is int and not torch.compiler.is_compiling()):
+            and null_block_id is None and type(max_query_len) is int and not _is_compiling()):
         # vLLM's decode call: the core reads its arguments as they come (torch tensors, a (batch,)
         # conv_state_indices, weights in x's dtype or float32) in one call. What it refuses (before
         # any write, and before running user code) goes through the full path below, which maps the
         # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
+        # a packed weight of another type is passed as it is, for the try to refuse before its code runs
+        w, b = _kept_weights(weight, bias) if is_weight_packed and type(weight) in _PLAIN_TENSORS else (weight, bias)
         try:
-            _core._conv_update_vllm(x, conv_state, *_tried_weights(weight, bias, is_weight_packed),
-                                    activation=activation, num_accepted_tokens=num_accepted_tokens,
+            _core._conv_update_vllm(x, conv_state, w, b, activation=activation, num_accepted_tokens=num_accepted_tokens,
                                     conv_state_indices=conv_state_indices, pad_slot_id=pad_slot_id, out=target,
                                     plain_tensors=True)
             return target
