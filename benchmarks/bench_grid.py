@@ -20,8 +20,8 @@ same layers' memory:
           preallocated tensor shared by the layers: warm, as the block an allocator hands
           out again for np's and vLLM's new outs, or as x is where vLLM's callers have the
           result written into x (which a rotation cannot repeat: fed back, the values grow
-          to inf); a per-layer out (stops before 39) made its writes cold, 0.77-0.95x the
-          shared out's time... (see benchmarks/README.md, stop 39)
+          to inf). A per-layer out (stops before 39) made its writes cold: the shared
+          one takes 0.80-1.03x its time (benchmarks/README.md, stop 39)
   vLLM    torch.ops._C.causal_conv1d_update_cpu / causal_conv1d_fwd_cpu, weights packed
           once per layer (benchmarks/bench_vllm.py, bench_prefill.py build the layers)
   copy    np.copyto rotated through its own buffers: of the call's byte count

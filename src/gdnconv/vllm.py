@@ -18,9 +18,10 @@ Design:
   arrays longer than the batch: the first ``B`` entries are used (vLLM's kernels read so).
 - ``is_weight_packed=True``: the weight is in the layout vLLM's ``causal_conv1d_weight_pack``
   gives it at load on AVX512-BF16 and aarch64-BF16 hosts (see ``unpack_weight``); it is
-  unpacked once per weight tensor and kept as float32 in ``gdnconv.pack_weight``'s layout (which
-  the kernels read without converting), a bf16/fp16 bias beside it as a float32 copy (the same
-  values: the same bits out), each remade when its tensor's memory or version counter changes.
+  unpacked once and kept as float32 in ``gdnconv.pack_weight``'s layout (which the kernels read
+  without converting), a bf16/fp16 bias beside it as a float32 copy (the same values: the same
+  bits out), both NumPy arrays (no tensor checks in the call), per (weight, bias) pair, remade
+  when either tensor's memory or version counter changes (``_kept_weights``).
   Writes the version counter does not see (through ``.data``, ``.numpy()``, DLPack) need
   ``forget_packed_weights()``; vLLM's own packing assigns ``.data``, which is seen.
 - What vLLM returns: ``out`` in ``x``'s shape and dtype; with ``out=None`` the result is
@@ -391,8 +392,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         out: tensor of ``x``'s shape and dtype; None: written into ``x``, as vLLM does.
         pad_slot_id: slots equal to it are skipped (default -1, vLLM's ``PAD_SLOT_ID``).
         is_weight_packed: True when ``weight`` is in vLLM's packed layout (``unpack_weight``;
-            its unpacked float32 form, and a float32 copy of the bias, are kept per tensor:
-            ``forget_packed_weights``).
+            its unpacked float32 form, and a float32 copy of the bias, are kept per (weight,
+            bias) pair: ``forget_packed_weights``).
 
     Returns ``out`` (``x`` when not given), in ``x``'s shape and dtype.
 
