@@ -307,6 +307,65 @@ def test_packed_weights_kept_per_pair_and_for_inference_tensors(monkeypatch):
     assert len(made) == 2 and len(gv._kept) == 3
 
 
+@pytest.mark.parametrize("route", ["adapter", "plugin"])
+def test_packed_weights_of_the_wrong_kind_are_refused(route):
+    """is_weight_packed=True refuses a packed weight that is a NumPy array (the try must not read
+    it as a plain weight) and one of a dtype gdnconv does not take (no silent cast), with the
+    argument's name, through gdnconv.vllm and the plugin's drop-in; nothing is written."""
+    import gdnconv.vllm_plugin as vp
+    conv_state, weight, bias, tokens = _tensors(14, "bf16", 2, 1, 64, 4, 3, 4, "SD")
+    packed = gv.pack_weight_like_vllm(weight)
+    slots = torch.tensor([3, 1], dtype=torch.int32)
+    cases = [(packed.float().numpy(), None, ValueError, "must be vLLM's packed .* got ndarray"),
+             (packed.float().numpy(), bias.float(), ValueError, "must be vLLM's packed .* got ndarray"),
+             (packed.to(torch.int32), None, TypeError, "must be bfloat16 .* got dtype int32"),
+             (packed.to(torch.complex64), None, TypeError, "must be bfloat16 .* got dtype complex64")]
+    for w, b, err, match in cases:
+        st, x = conv_state.clone(), tokens[:, 0].clone()
+        with pytest.raises(err, match=match):
+            if route == "adapter":
+                gv.causal_conv1d_update(x, st, w, b, "silu", slots, is_weight_packed=True)
+            else:
+                vp._update_op(x=x, conv_states=st, weight=w, bias=b, silu_activation=True, conv_state_indices=slots,
+                              is_weight_packed=True)
+        assert torch.equal(bits_t(st), bits_t(conv_state)) and torch.equal(x, tokens[:, 0])
+
+
+def test_packed_weight_reloads_and_other_biases_give_the_plain_bits():
+    """is_weight_packed=True: a weight reloaded twice through .data between two calls (the first
+    reload's memory freed: without the kept entry holding the old storage, the second reload
+    could land at the first one's address and be taken for it), a bf16 bias of a tensor
+    subclass or as a NumPy float16 array (widened, not kept) and, under torch.compile, a float32
+    bias: each call has the bits of the plain weight widened to float32."""
+    conv_state, weight, bias, tokens = _tensors(15, "bf16", 3, 1, 64, 4, 3, 5, "SD")
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32)
+    wp = torch.nn.Parameter(gv.pack_weight_like_vllm(weight), requires_grad=False)
+    g = torch.Generator().manual_seed(5)
+
+    def pair(w, b, flag, fn=gv.causal_conv1d_update):
+        st = conv_state.clone()
+        res = fn(tokens[:, 0].clone(), st, w, b, "silu", slots, is_weight_packed=flag)
+        return bits_t(res), bits_t(st)
+
+    def same(a, b):
+        return all(torch.equal(p, q) for p, q in zip(a, b))
+
+    plain = weight
+    for _ in range(20):
+        assert same(pair(wp, None, True), pair(plain.float(), None, False))
+        w1, w2 = ((torch.randn(64, 4, generator=g) / 2).bfloat16() for _ in range(2))
+        wp.data = gv.pack_weight_like_vllm(w1)
+        wp.data = gv.pack_weight_like_vllm(w2)
+        plain = w2
+    half = bias.half()
+    for b in (bias.as_subclass(_Counting), half.numpy()):
+        ref_b = torch.from_numpy(b.astype(np.float32)) if isinstance(b, np.ndarray) else bias.float()
+        assert same(pair(wp, b, True), pair(plain.float(), ref_b, False))
+    compiled = torch.compile(gv.causal_conv1d_update)
+    b32 = bias.float() + 1e-3
+    assert same(pair(wp, b32, True, compiled), pair(plain.float(), b32, False))
+
+
 def test_the_try_reads_ndarrays_but_not_their_subclasses(monkeypatch):
     """The plain_tensors try takes numpy.ndarray weights (the kept packed weights are arrays) and
     refuses an ndarray subclass and an ndarray x, which the full path then takes or refuses:
@@ -468,8 +527,8 @@ def test_the_usual_decode_call_is_one_core_call(monkeypatch):
 
 def test_a_packed_weight_of_a_subclass_is_not_unpacked_by_the_try(monkeypatch):
     """With is_weight_packed, the plain_tensors try unpacks only a plain tensor: a subclass's
-    packed weight is refused by the try before any of its torch functions run, and unpacked
-    by the full path, with the plain weight's bits."""
+    packed weight goes straight to the full path (no try, so none of its torch functions run
+    twice), which unpacks it, with the plain weight's bits."""
     core = gdnconv._core._conv_update_vllm
     entries = []
 
@@ -489,7 +548,7 @@ def test_a_packed_weight_of_a_subclass_is_not_unpacked_by_the_try(monkeypatch):
         res = gv.causal_conv1d_update(x, st, w, bias, "silu", slots, is_weight_packed=True)
         results.append((bits_t(res.as_subclass(torch.Tensor)), bits_t(st), list(entries)))
     assert results[0][2] == [(True, 0)]
-    assert results[1][2][0] == (True, 0) and [p for p, _ in results[1][2]] == [True, False]
+    assert [p for p, _ in results[1][2]] == [False] and results[1][2][0][1] > 0
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 

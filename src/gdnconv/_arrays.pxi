@@ -114,16 +114,17 @@ cdef inline bint _is_tensor(object a):
 
 
 cdef int _plain_tensors(tuple args) except -1:
-    """x is a torch.Tensor or an nn.Parameter (whose __torch_function__ is torch's own), and
-    every other argument given (not None) one of those or a numpy.ndarray: checked by type
-    alone, so no user code runs."""
-    if not _is_tensor(args[0]) or type(args[0]) is not _tensor_type and type(args[0]) is not _parameter_type:
+    """Every argument given (not None) is a torch.Tensor or an nn.Parameter (whose
+    __torch_function__ is torch's own), or, for the weight and bias (args[2], args[3]), a
+    numpy.ndarray: checked by type alone, so no user code runs."""
+    cdef int i
+    if not _is_tensor(args[0]):
         raise TypeError(f"x must be a torch.Tensor, got {type(args[0]).__name__}")
-    for a in args:
+    for i, a in enumerate(args):
         if (a is not None and type(a) is not _tensor_type and type(a) is not _parameter_type
-                and type(a) is not np.ndarray):
-            raise TypeError(f"an argument is a {type(a).__name__}, not a torch.Tensor, nn.Parameter or "
-                            f"numpy.ndarray")
+                and not (2 <= i <= 3 and type(a) is np.ndarray)):
+            raise TypeError(f"an argument is a {type(a).__name__}, not a torch.Tensor or nn.Parameter "
+                            f"(or a numpy.ndarray weight or bias)")
     return 0
 
 

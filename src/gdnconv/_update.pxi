@@ -309,10 +309,10 @@ def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_
     x and out (B, D, T), or (B, T, D) with tokens_last (vLLM's C++ op's order: the plugin's
     drop-in); read as gdnconv's views, no transposed tensors made. Errors name the
     caller's shapes. plain_tensors: gdnconv.vllm's first try at vLLM's usual call, which it
-    redoes through its full path where this refuses: x must then be a torch.Tensor or
-    nn.Parameter and every other argument given one of those or a numpy.ndarray (its kept
-    packed weights; TypeError for anything else, before any of them is read), so that a
-    refused try runs no user code (no __array__, no subclass's __torch_function__)."""
+    redoes through its full path where this refuses: every argument given must then be a
+    torch.Tensor or nn.Parameter, or for the weight and bias a numpy.ndarray (its kept packed
+    weights; TypeError for anything else, before any of them is read), so that a refused try
+    runs no user code (no __array__, no subclass's __torch_function__)."""
     cdef _Update c = _Update()
     c.vllm = True
     c.vllm_x = not tokens_last

@@ -232,9 +232,27 @@ _is_compiling = torch.compiler.is_compiling
 def _make_packed(weight, bias):
     """The unpacked weight as float32 with taps outermost (``gdnconv.pack_weight``'s layout) and
     the bias (bf16 or fp16) as float32, both NumPy arrays: the core reads an array's memory
-    without the checks a tensor needs (~0.4 us a call each)."""
-    return (_g.pack_weight(unpack_weight(weight.detach()).float().numpy()),
+    without the checks a tensor needs (~0.4 us a call each). Refuses a weight that is not a
+    dense CPU tensor of a float dtype gdnconv takes (float32 holds its values exactly)."""
+    if not weight.is_cpu or weight.layout is not torch.strided:
+        raise ValueError(f"weight with is_weight_packed=True must be a dense CPU tensor, got a "
+                         f"{str(weight.layout)[6:]} tensor on {weight.device}")
+    return (_g.pack_weight(_unpacked_float(weight.detach())).numpy(),
             None if bias is None else bias.detach().float().numpy())
+
+
+def _unpacked_float(weight):
+    """unpack_weight(weight) as float32 (the same values); refuses a dtype gdnconv does not take."""
+    w = unpack_weight(weight)
+    if w.dtype not in _FLOATS:
+        raise TypeError(f"weight with is_weight_packed=True must be bfloat16 (what vLLM packs), float16 or "
+                        f"float32, got dtype {str(w.dtype)[6:]}")
+    return w.float()
+
+
+def _half_bias(bias):
+    """A dense CPU plain tensor of dtype float16 or bfloat16: the bias _kept_weights copies."""
+    return type(bias) in _PLAIN_TENSORS and bias.dtype in _HALVES and bias.is_cpu and bias.layout is torch.strided
 
 
 def _kept_weights(weight, bias):
@@ -244,34 +262,59 @@ def _kept_weights(weight, bias):
     stop 38), the same values (bf16 and fp16 widen exactly), so the same bits out. Made once
     per (weight, bias) pair and remade when either's memory or version counter moves
     (unpacking alone takes ~180 us at D=8192 through torch ops, more than a decode call); for
-    an inference tensor, which has no version counter, on every call. A bias other than a
-    bf16/fp16 plain tensor is passed on as it is, for the core to take or refuse with its own
-    message."""
-    half = bias is None or type(bias) in _PLAIN_TENSORS and bias.dtype in _HALVES
+    an inference tensor, which has no version counter, on every call. The entry holds both
+    tensors' storages, so that memory a ``.data = ...`` replaced cannot come back at the same
+    address for another reload while the entry lives. A 16-bit bias of another kind (a tensor
+    subclass, a NumPy array) is widened to float32 on every call; any other bias is passed on as
+    it is, for the core to take or refuse with its own message."""
+    half = bias is None or _half_bias(bias)
     kept_bias = bias if half else None
     try:
         stamps = ((weight._version, weight.data_ptr()) if kept_bias is None else
                   (weight._version, weight.data_ptr(), kept_bias._version, kept_bias.data_ptr()))
     except RuntimeError:         # an inference tensor has no version counter
-        made = _make_packed(weight, kept_bias)
-        return made[0], made[1] if half else bias
+        w, b = _make_packed(weight, kept_bias)
+        return w, b if half else _widened(bias)
     key = (id(weight), id(kept_bias))
     hit = _kept.get(key)
     if (hit is None or hit[2] != stamps or hit[0]() is not weight
             or (hit[1] is not None and hit[1]() is not kept_bias)):
-        gone = lambda _, k=key: _kept.pop(k, None)
+        gone = lambda _, k=key, table=_kept: table.pop(k, None)
+        made = _make_packed(weight, kept_bias)
+        held = (weight.untyped_storage(), None if kept_bias is None else kept_bias.untyped_storage())
         hit = _kept[key] = (weakref.ref(weight, gone), None if kept_bias is None else weakref.ref(kept_bias, gone),
-                            stamps) + _make_packed(weight, kept_bias)
-    return hit[3], hit[4] if half else bias
+                            stamps) + made + (held,)
+    return hit[3], hit[4] if half else _widened(bias)
+
+
+def _widened(bias):
+    """A bias that is not _half_bias's kind, as the core takes it beside a float32 weight: a 16-bit
+    tensor (a subclass) or NumPy array widened to float32 (the same values), anything else as
+    it is."""
+    if isinstance(bias, torch.Tensor) and bias.dtype in _HALVES:
+        return bias.float()
+    if isinstance(bias, np.ndarray) and bias.dtype.name in ("float16", "bfloat16"):
+        return bias.astype(np.float32)
+    return bias
 
 
 def _packed_weights(weight, bias):
-    """``_kept_weights``'s weight and bias for any weight: while torch.compile traces, the
-    unpacked weight, made on every call, and the bias as it is; a weight that is not a plain
-    tensor through unpack_weight, which refuses what is not a tensor."""
+    """``_kept_weights``'s weight and bias for any weight. While torch.compile traces, and for a
+    weight that is not a plain tensor (unpack_weight refuses what is not a tensor), the
+    unpacked weight as float32, made on every call, and the bias as ``_widened`` gives it: the
+    values a plain tensor's kept copies hold."""
     if _is_compiling() or type(weight) not in _PLAIN_TENSORS:
-        return unpack_weight(weight), bias
+        return _unpacked_float(weight), _widened(bias)
     return _kept_weights(weight, bias)
+
+
+def _tried(weight, bias, is_weight_packed):
+    """Whether vLLM's usual call may go to the core's plain_tensors try: not with a packed weight
+    or its bias of another type than a plain tensor (the full path unpacks a subclass's weight
+    and refuses anything else with unpack_weight's message; the try would take a NumPy array
+    as a plain weight)."""
+    return not is_weight_packed or (type(weight) in _PLAIN_TENSORS
+                                    and (bias is None or type(bias) in _PLAIN_TENSORS))
 
 
 def _weights(weight, bias, is_weight_packed, dtype):
@@ -401,14 +444,14 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     gdnconv refuses; nothing is written then.
     """
     if (query_start_loc is None and block_idx_last_scheduled_token is None and initial_state_idx is None
-            and null_block_id is None and type(max_query_len) is int and not _is_compiling()):
+            and null_block_id is None and type(max_query_len) is int and not _is_compiling()
+            and _tried(weight, bias, is_weight_packed)):
         # vLLM's decode call: the core reads its arguments as they come (torch tensors, a (batch,)
         # conv_state_indices, weights in x's dtype or float32) in one call. What it refuses (before
         # any write, and before running user code) goes through the full path below, which maps the
         # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
-        # a packed weight of another type is passed as it is, for the try to refuse before its code runs
-        w, b = _kept_weights(weight, bias) if is_weight_packed and type(weight) in _PLAIN_TENSORS else (weight, bias)
+        w, b = _kept_weights(weight, bias) if is_weight_packed else (weight, bias)
         try:
             _core._conv_update_vllm(x, conv_state, w, b, activation=activation, num_accepted_tokens=num_accepted_tokens,
                                     conv_state_indices=conv_state_indices, pad_slot_id=pad_slot_id, out=target,
