@@ -525,31 +525,54 @@ def test_the_usual_decode_call_is_one_core_call(monkeypatch):
     assert calls == []
 
 
-def test_a_packed_weight_of_a_subclass_is_not_unpacked_by_the_try(monkeypatch):
-    """With is_weight_packed, the plain_tensors try unpacks only a plain tensor: a subclass's
-    packed weight goes straight to the full path (no try, so none of its torch functions run
-    twice), which unpacks it, with the plain weight's bits."""
+class _WeightParameter(torch.nn.Parameter):
+    """A Parameter subclass with a Python __torch_function__, as vLLM's weight parameters
+    (vllm.model_executor.parameter.BasevLLMParameter, ModelWeightParameter) have."""
+    seen = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        _WeightParameter.seen += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("kind", ["subclass", "vllm_parameter"])
+def test_a_packed_weight_of_a_subclass_is_kept_once_and_tried(kind, monkeypatch):
+    """With is_weight_packed, a packed weight of a tensor subclass (vLLM's conv weights are
+    ModelWeightParameter, a Parameter subclass with a Python __torch_function__) is unpacked
+    once and kept, as a plain tensor's is: every call is one core call (the plain_tensors try,
+    on the kept arrays), its torch functions run once per call (the kept entry's checks; the
+    making only on the first), with the plain weight's bits."""
     core = gdnconv._core._conv_update_vllm
     entries = []
 
     def spy(*args, **kw):
-        entries.append((kw.get("plain_tensors", False), _Counting.seen))
+        entries.append(kw.get("plain_tensors", False))
         return core(*args, **kw)
 
     monkeypatch.setattr(gdnconv._core, "_conv_update_vllm", spy)
+    made = []
+    real = gv._make_packed
+    monkeypatch.setattr(gv, "_make_packed", lambda w, b: made.append(1) or real(w, b))
+    gv.forget_packed_weights()
     conv_state, weight, bias, tokens = _tensors(6, "bf16", 2, 1, 64, 4, 3, 4, "SD")
     packed = gv.pack_weight_like_vllm(weight)
+    w = (packed.as_subclass(_Counting) if kind == "subclass" else
+         _WeightParameter(packed.clone(), requires_grad=False))
+    counter = _Counting if kind == "subclass" else _WeightParameter
     slots = torch.tensor([3, 1], dtype=torch.int32)
-    results = []
-    for w in (packed, packed.as_subclass(_Counting)):
+    seen = []
+    for _ in range(3):
         st, x = conv_state.clone(), tokens[:, 0].clone()
+        ref_st = conv_state.clone()
+        ref = gv.causal_conv1d_update(tokens[:, 0].clone(), ref_st, weight.float(), bias.float(), "silu", slots)
         entries.clear()
-        _Counting.seen = 0
+        counter.seen = 0
         res = gv.causal_conv1d_update(x, st, w, bias, "silu", slots, is_weight_packed=True)
-        results.append((bits_t(res.as_subclass(torch.Tensor)), bits_t(st), list(entries)))
-    assert results[0][2] == [(True, 0)]
-    assert [p for p, _ in results[1][2]] == [False] and results[1][2][0][1] > 0
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+        seen.append(counter.seen)
+        assert entries == [True]
+        assert torch.equal(bits_t(res), bits_t(ref)) and torch.equal(bits_t(st), bits_t(ref_st))
+    assert len(made) == 1 and seen[1] == seen[2] and 0 < seen[1] < seen[0]
 
 
 @pytest.mark.parametrize("case", ["requires_grad", "inference", "self_overlap"])

@@ -224,7 +224,6 @@ def forget_packed_weights():
     _kept.clear()
 
 
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _HALVES = (torch.float16, torch.bfloat16)
 _is_compiling = torch.compiler.is_compiling
 
@@ -251,12 +250,13 @@ def _unpacked_float(weight):
 
 
 def _half_bias(bias):
-    """A dense CPU plain tensor of dtype float16 or bfloat16: the bias _kept_weights copies."""
-    return type(bias) in _PLAIN_TENSORS and bias.dtype in _HALVES and bias.is_cpu and bias.layout is torch.strided
+    """A dense CPU tensor of dtype float16 or bfloat16: the bias _kept_weights copies."""
+    return isinstance(bias, torch.Tensor) and bias.dtype in _HALVES and bias.is_cpu and bias.layout is torch.strided
 
 
 def _kept_weights(weight, bias):
-    """A packed plain-tensor weight and its bias as the core reads them fastest
+    """A packed weight (a tensor: a Parameter subclass such as vLLM's weight parameters too, whose
+    torch functions run here) and its bias as the core reads them fastest
     (``_make_packed``: the kernels read the float32 weight in place, where a bf16 (D, W) weight
     is converted on every call: 0.87-1.06x the call's time, median 0.94, benchmarks/README.md,
     stop 38), the same values (bf16 and fp16 widen exactly), so the same bits out. Made once
@@ -264,9 +264,9 @@ def _kept_weights(weight, bias):
     (unpacking alone takes ~180 us at D=8192 through torch ops, more than a decode call); for
     an inference tensor, which has no version counter, on every call. The entry holds both
     tensors' storages, so that memory a ``.data = ...`` replaced cannot come back at the same
-    address for another reload while the entry lives. A 16-bit bias of another kind (a tensor
-    subclass, a NumPy array) is widened to float32 on every call; any other bias is passed on as
-    it is, for the core to take or refuse with its own message."""
+    address for another reload while the entry lives. A 16-bit NumPy bias is widened to float32
+    on every call; any other bias is passed on as it is, for the core to take or refuse with
+    its own message."""
     half = bias is None or _half_bias(bias)
     kept_bias = bias if half else None
     try:
@@ -288,9 +288,8 @@ def _kept_weights(weight, bias):
 
 
 def _widened(bias):
-    """A bias that is not _half_bias's kind, as the core takes it beside a float32 weight: a 16-bit
-    tensor (a subclass) or NumPy array widened to float32 (the same values), anything else as
-    it is."""
+    """A bias as the core takes it beside a float32 weight: a 16-bit tensor or NumPy array widened
+    to float32 (the same values), anything else as it is."""
     if isinstance(bias, torch.Tensor) and bias.dtype in _HALVES:
         return bias.float()
     if isinstance(bias, np.ndarray) and bias.dtype.name in ("float16", "bfloat16"):
@@ -299,22 +298,14 @@ def _widened(bias):
 
 
 def _packed_weights(weight, bias):
-    """``_kept_weights``'s weight and bias for any weight. While torch.compile traces, and for a
-    weight that is not a plain tensor (unpack_weight refuses what is not a tensor), the
-    unpacked weight as float32, made on every call, and the bias as ``_widened`` gives it: the
-    values a plain tensor's kept copies hold."""
-    if _is_compiling() or type(weight) not in _PLAIN_TENSORS:
+    """A packed weight and its bias as the core takes them: ``_kept_weights``'s for a tensor;
+    while torch.compile traces, the unpacked weight as float32, made on every call, and the
+    bias as ``_widened`` gives it (the values the kept copies hold); anything else is refused
+    by unpack_weight. The callers do this once per call, before the core's plain_tensors try,
+    so a subclass's torch functions run once whichever path computes the call."""
+    if _is_compiling() or not isinstance(weight, torch.Tensor):
         return _unpacked_float(weight), _widened(bias)
     return _kept_weights(weight, bias)
-
-
-def _tried(weight, bias, is_weight_packed):
-    """Whether vLLM's usual call may go to the core's plain_tensors try: not with a packed weight
-    or its bias of another type than a plain tensor (the full path unpacks a subclass's weight
-    and refuses anything else with unpack_weight's message; the try would take a NumPy array
-    as a plain weight)."""
-    return not is_weight_packed or (type(weight) in _PLAIN_TENSORS
-                                    and (bias is None or type(bias) in _PLAIN_TENSORS))
 
 
 def _weights(weight, bias, is_weight_packed, dtype):
@@ -443,17 +434,18 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     Raises ValueError/TypeError naming the argument (with the caller's shapes) for anything
     gdnconv refuses; nothing is written then.
     """
+    if is_weight_packed:   # the kept float32 copies (see _packed_weights), for the try and the full path
+        weight, bias = _packed_weights(weight, bias)
+        is_weight_packed = False
     if (query_start_loc is None and block_idx_last_scheduled_token is None and initial_state_idx is None
-            and null_block_id is None and type(max_query_len) is int and not _is_compiling()
-            and _tried(weight, bias, is_weight_packed)):
+            and null_block_id is None and type(max_query_len) is int and not _is_compiling()):
         # vLLM's decode call: the core reads its arguments as they come (torch tensors, a (batch,)
         # conv_state_indices, weights in x's dtype or float32) in one call. What it refuses (before
         # any write, and before running user code) goes through the full path below, which maps the
         # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
-        w, b = _kept_weights(weight, bias) if is_weight_packed else (weight, bias)
         try:
-            _core._conv_update_vllm(x, conv_state, w, b, activation=activation, num_accepted_tokens=num_accepted_tokens,
+            _core._conv_update_vllm(x, conv_state, weight, bias, activation=activation, num_accepted_tokens=num_accepted_tokens,
                                     conv_state_indices=conv_state_indices, pad_slot_id=pad_slot_id, out=target,
                                     plain_tensors=True)
             return target
