@@ -254,9 +254,21 @@ def _half_bias(bias):
     return isinstance(bias, torch.Tensor) and bias.dtype in _HALVES and bias.is_cpu and bias.layout is torch.strided
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_no_subclass_functions = torch._C.DisableTorchFunctionSubclass
+
+
+def _stamps(weight, bias):
+    """What says a weight's and a bias's values are unchanged since: version counters and data
+    pointers; RuntimeError for an inference tensor, which has no version counter."""
+    return ((weight._version, weight.data_ptr()) if bias is None else
+            (weight._version, weight.data_ptr(), bias._version, bias.data_ptr()))
+
+
 def _kept_weights(weight, bias):
-    """A packed weight (a tensor: a Parameter subclass such as vLLM's weight parameters too, whose
-    torch functions run here) and its bias as the core reads them fastest
+    """A packed weight (any tensor: vLLM's are ModelWeightParameter, a Parameter subclass whose
+    Python __torch_function__ runs for the making; a Parameter holds its own memory, so its
+    stamps are read with subclass functions off) and its bias as the core reads them fastest
     (``_make_packed``: the kernels read the float32 weight in place, where a bf16 (D, W) weight
     is converted on every call: 0.87-1.06x the call's time, median 0.94, benchmarks/README.md,
     stop 38), the same values (bf16 and fp16 widen exactly), so the same bits out. Made once
@@ -270,8 +282,13 @@ def _kept_weights(weight, bias):
     half = bias is None or _half_bias(bias)
     kept_bias = bias if half else None
     try:
-        stamps = ((weight._version, weight.data_ptr()) if kept_bias is None else
-                  (weight._version, weight.data_ptr(), kept_bias._version, kept_bias.data_ptr()))
+        if type(weight) in _PLAIN and (kept_bias is None or type(kept_bias) in _PLAIN):
+            stamps = _stamps(weight, kept_bias)
+        elif all(t is None or isinstance(t, torch.nn.Parameter) for t in (weight, kept_bias)):
+            with _no_subclass_functions():   # a Parameter subclass's __torch_function__: ~1.7 us a data_ptr
+                stamps = _stamps(weight, kept_bias)
+        else:
+            stamps = _stamps(weight, kept_bias)
     except RuntimeError:         # an inference tensor has no version counter
         w, b = _make_packed(weight, kept_bias)
         return w, b if half else _widened(bias)
