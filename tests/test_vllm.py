@@ -307,6 +307,20 @@ def test_packed_weights_kept_per_pair_and_for_inference_tensors(monkeypatch):
     assert len(made) == 2 and len(gv._kept) == 3
 
 
+def _core_entries(monkeypatch):
+    """A list that gets, for each call of the core's vLLM-order update entry from now on, its
+    plain_tensors flag (True: gdnconv.vllm's try; False: its full path)."""
+    core = gdnconv._core._conv_update_vllm
+    entries = []
+
+    def spy(*args, **kw):
+        entries.append(kw.get("plain_tensors", False))
+        return core(*args, **kw)
+
+    monkeypatch.setattr(gdnconv._core, "_conv_update_vllm", spy)
+    return entries
+
+
 @pytest.mark.parametrize("route", ["adapter", "plugin"])
 def test_packed_weights_of_the_wrong_kind_are_refused(route):
     """is_weight_packed=True refuses a packed weight that is a NumPy array (the try must not read
@@ -370,14 +384,7 @@ def test_the_try_reads_ndarrays_but_not_their_subclasses(monkeypatch):
     """The plain_tensors try takes numpy.ndarray weights (the kept packed weights are arrays) and
     refuses an ndarray subclass and an ndarray x, which the full path then takes or refuses:
     the same bits either way."""
-    core = gdnconv._core._conv_update_vllm
-    tried = []
-
-    def spy(*args, **kw):
-        tried.append(kw.get("plain_tensors", False))
-        return core(*args, **kw)
-
-    monkeypatch.setattr(gdnconv._core, "_conv_update_vllm", spy)
+    core, tried = gdnconv._core._conv_update_vllm, _core_entries(monkeypatch)
     conv_state, weight, bias, tokens = _tensors(13, "fp32", 2, 1, 32, 4, 3, 4, "SD")
     slots = torch.tensor([3, 1], dtype=torch.int32)
 
@@ -543,14 +550,7 @@ def test_a_packed_weight_of_a_subclass_is_kept_once_and_tried(kind, monkeypatch)
     once and kept, as a plain tensor's is: every call is one core call (the plain_tensors try,
     on the kept arrays), its torch functions run once per call (the kept entry's checks; the
     making only on the first), with the plain weight's bits."""
-    core = gdnconv._core._conv_update_vllm
-    entries = []
-
-    def spy(*args, **kw):
-        entries.append(kw.get("plain_tensors", False))
-        return core(*args, **kw)
-
-    monkeypatch.setattr(gdnconv._core, "_conv_update_vllm", spy)
+    entries = _core_entries(monkeypatch)
     made = []
     real = gv._make_packed
     monkeypatch.setattr(gv, "_make_packed", lambda w, b: made.append(1) or real(w, b))
