@@ -3,6 +3,7 @@ a time-contiguous one (vLLM's DS layout ``(S, D, L)`` passed transposed, padded 
 strides, transformers' ``(B, D, W)`` cache as ``[..., 1:]``) gives the same outputs and
 states bit for bit on every ISA, within the reference's tolerance, writes nothing
 outside the view, and runs the ISA's SIMD entry (``gdnconv.last_path``)."""
+import sys
 import threading
 
 import numpy as np
@@ -107,6 +108,63 @@ def test_more_tokens_than_a_slab(isa, rng, dtype, mode, T):
     """T past the kernel's 8-token staging slab: the speculative roll is written slab by
     slab (rows 0..W-3+8, then 8 or fewer rows at a time), transposed for every layout."""
     check_every_layout(isa, *make(rng, dtype, 4, 300, mode, T=T))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("W", range(2, 9))
+@pytest.mark.parametrize("extra", [0, 1])
+def test_one_token_plain_decode(isa, rng, dtype, W, extra):
+    """vLLM's plain decode: one token, state_len W-1 (or W, as with speculative decoding
+    configured; ``extra``), which AVX-512 reads and rolls in place for a 16-bit state of
+    channel stride <= 4 (ds, hf at small W): every layout as the channel-contiguous call,
+    bit for bit, nothing written outside the view."""
+    x, values, w, b, kw = make(rng, dtype, W, 300, "plain", T=1)
+    if extra:
+        values = np.concatenate([values, rng.standard_normal(values[:, :1].shape).astype(values.dtype)], axis=1)
+    check_every_layout(isa, x, values, w, b, kw)
+
+
+def _ending_at_a_page(shape, dtype):
+    """A writable array of ``shape`` whose memory ends where a page that cannot be read
+    begins, so a read past its last element faults (Linux)."""
+    import ctypes
+    import mmap
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    pages = -(-nbytes // mmap.PAGESIZE) + 1
+    buf = mmap.mmap(-1, pages * mmap.PAGESIZE)
+    guard = ctypes.addressof(ctypes.c_char.from_buffer(buf)) + (pages - 1) * mmap.PAGESIZE
+    if ctypes.CDLL(None).mprotect(ctypes.c_void_p(guard), mmap.PAGESIZE, 0) != 0:
+        pytest.skip("mprotect failed")
+    return np.frombuffer(buf, np.uint8, nbytes, (pages - 1) * mmap.PAGESIZE - nbytes).view(dtype).reshape(shape)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a guard page through mprotect (Linux)")
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("D", [31, 32, 33, 64, 95, 257, 520])
+@pytest.mark.parametrize("layout", ["ds", "hf"])
+@pytest.mark.parametrize("L", [3, 4])
+def test_one_token_tails_array_end_and_out_is_x(isa, rng, dtype, D, layout, L):
+    """One-token plain decode, W=4, on a time-contiguous state whose memory ends at the
+    view's last element, followed by a page that faults when read: the in-place path reads
+    nothing past it (its last block vector is read with a mask), and the channels past the
+    last group take the element loops; out=x as vLLM's callers pass it."""
+    x, values, w, b, kw = make(rng, dtype, 4, D, "plain", T=1)
+    if L == 4:
+        values = np.concatenate([values, rng.standard_normal(values[:, :1].shape).astype(values.dtype)], axis=1)
+    st_sd = values.copy()
+    out_sd = gdnconv.conv_update_multi(x, st_sd, w, b, **kw)
+    mem, _ = time_contiguous(values, layout)
+    end = _ending_at_a_page(mem.shape, mem.dtype)
+    end[...] = mem
+    before = LAYOUTS[layout][0]
+    st = end[..., before:before + L].transpose(0, 2, 1)
+    xo = x.copy()
+    out = gdnconv.conv_update_multi(xo, st, w, b, out=xo, **kw)
+    assert out is xo
+    rows = ~skipped_rows(x.shape, kw["conv_state_indices"], None)   # (a padded request's row keeps x)
+    assert np.array_equal(bits(out)[rows], bits(out_sd)[rows]), f"{layout}: out differs from the channel-contiguous call"
+    assert_bits_equal(np.ascontiguousarray(st), st_sd, f"{layout} conv_state")
+    assert np.array_equal(bits(end)[..., :before], bits(mem)[..., :before]), "wrote outside the view"
 
 
 def test_transformers_cache_view(isa, rng):

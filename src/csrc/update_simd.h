@@ -245,6 +245,93 @@ GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, in
     }
 }
 
+#ifdef TC_T1
+/* One-token plain decode of a 16-bit time-contiguous state with channel stride sd <=
+ * TC_T1_MAX_SD (vLLM's DS layout at state_len W-1 or W), 32 channels (one group of the
+ * ISA header's tc_t1_row and tc_t1_roll) at channel c of the block at st (row 0), the
+ * token at x, the outputs to os, nothing staged. The window and the token are read,
+ * and the state rolled, before the outputs are written (out may be x); the outputs are
+ * simd_tokens' on the same fp32 values, so they equal the staged path's bit for bit.
+ * (Two groups a step, as the staged path's one-token steps take, measured 1.15x slower:
+ * the registers do not hold them.) */
+GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, char *os, int64_t c, const float *const *wrow,
+                           const float *brow, const simd_next *nx, const tc_t1_plan *t, const int dt, const int W,
+                           const int silu) {
+    const int H = W - 1;
+    V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
+    if (c * 2 % GDN_PF_EVERY == 0) simd_prefetch(nx, c * 2);
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; v++) {
+        b[v] = vload(brow + c + v * LANES);
+#pragma GCC unroll 8
+        for (int k = 0; k < W; k++) w[k][v] = vload(wrow[k] + c + v * LANES);
+    }
+    char *blk = st + 2 * c * sd;
+    __m512i sv[TC_T1_MAX_SD];
+#pragma GCC unroll 4
+    for (int m = 0; m < sd - 1; m++) sv[m] = _mm512_loadu_si512(blk + 64 * m);
+    sv[sd - 1] = _mm512_maskz_loadu_epi16(t->last, blk + 64 * (sd - 1));
+#pragma GCC unroll 8
+    for (int k = 0; k < H; k++) {
+        hf[k][0] = tc_t1_row(sv, t, k, 0, sd, dt);
+        hf[k][1] = tc_t1_row(sv, t, k, 1, sd, dt);
+    }
+    tc_t1_roll(blk, sv, _mm512_loadu_si512(x + 2 * c), t, sd);
+    simd_tokens(x + 2 * c, 0, os + 2 * c, 0, w, b, hf, 1, 2, dt, W, silu);
+}
+
+/* The unit's one-token requests (the others: simd_unit), for constant dtype, width and
+ * activation. */
+GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t nline,
+                               const float *const *wrow, const float *brow, const int dt, const int W,
+                               const int silu) {
+    const int sd = (int)p->state_stride_d;
+    tc_t1_plan t;
+    tc_t1_plan_make(&t, sd, W - 1, (int)p->state_len, dt);
+    for (int64_t i = r0; i < r1; i++) {
+        const gdn_request r = gdn_get_request(p, i);
+        if (r.skip || r.T != 1) continue;
+        simd_next nx;
+        simd_next_rows(p, i, c0, &nx);
+        char *st = r.state + 2 * c0 * sd;
+        const char *x = r.x + 2 * c0;
+        char *os = r.out + 2 * c0;
+        int64_t c = 0;
+#define TC_T1_SD(SD) for (; c < nline; c += 32) tc_t1_step(st, SD, x, os, c, wrow, brow, &nx, &t, dt, W, silu);
+        switch (sd) {
+        case 2: TC_T1_SD(2) break;
+        case 3: TC_T1_SD(3) break;
+        default: TC_T1_SD(4) break;
+        }
+#undef TC_T1_SD
+    }
+}
+
+/* The dispatch to tc_t1_requests (W <= TC_T1_MAX_SD + 1, since W - 1 <= sd): one function
+ * for every instantiation of simd_unit, not inlined into it, whose staged path ran 28%
+ * slower when this shared its frame and registers. */
+static GDN_NOINLINE void tc_t1_unit(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t nline,
+                                    const float *const *wrow, const float *brow, const int dt, const int silu) {
+#define TC_T1_W(DT, S)                                                                          \
+    switch (p->width) {                                                                         \
+    case 2: tc_t1_requests(p, r0, r1, c0, nline, wrow, brow, DT, 2, S); break;                  \
+    case 3: tc_t1_requests(p, r0, r1, c0, nline, wrow, brow, DT, 3, S); break;                  \
+    case 4: tc_t1_requests(p, r0, r1, c0, nline, wrow, brow, DT, 4, S); break;                  \
+    default: tc_t1_requests(p, r0, r1, c0, nline, wrow, brow, DT, 5, S); break;                 \
+    }
+#define TC_T1_DT(S)                                                                             \
+    switch (dt) {                                                                               \
+    case GDN_F16: TC_T1_W(GDN_F16, S) break;                                                    \
+    case GDN_BF16: TC_T1_W(GDN_BF16, S) break;                                                  \
+    default: TC_T1_W(GDN_BF16_NATIVE, S) break;                                                 \
+    }
+    if (silu) TC_T1_DT(1)
+    else TC_T1_DT(0)
+#undef TC_T1_DT
+#undef TC_T1_W
+}
+#endif
+
 /* One (requests, channel block) unit for constant dtype, width and activation.
  *
  * Every row a request touches is staged through a small buffer, row by row: the
@@ -271,9 +358,20 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     const int64_t bs = GDN_BLOCK_CHANNELS * e;       /* buf row stride */
     const int spec = p->num_accepted_tokens != NULL;
     GDN_ALIGN64 char buf[(GDN_MAX_WIDTH - 1 + GDN_SLAB) * GDN_BLOCK_CHANNELS * 4];
+#ifdef TC_T1
+    /* one-token plain decode of a 16-bit time-contiguous state: in place (tc_t1_unit) */
+    const int t1 = e == 2 && !spec && sd > 1 && sd <= TC_T1_MAX_SD && H <= sd && nline > 0;
+    if (t1) tc_t1_unit(p, r0, r1, c0, nline, wrow, brow, dt, silu);
+#endif
     for (int64_t i = r0; i < r1; i++) {
         const gdn_request r = gdn_get_request(p, i);
         if (r.skip) continue;
+#ifdef TC_T1
+        if (t1 && r.T == 1) {   /* (done above, but for the channels after the last line step) */
+            if (nline < c1 - c0) gdn_update_scalar_range(p, &r, 1, c0 + nline, c1);
+            continue;
+        }
+#endif
         simd_next nx;
         simd_next_rows(p, i, c0, &nx);
         char *st = r.state + e * c0 * sd;   /* row 0 at channel c0 */
