@@ -378,7 +378,7 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
 }
 
 /* One-token plain decode of a 16-bit time-contiguous state, read and rolled in place
- * (update_simd.h's tc_t1_lines), a group of 32 channels at a time: its block (element
+ * (update_simd.h's tc_t1_unit), a group of 32 channels at a time: its block (element
  * (k, j) at j*sd + k) is sd <= TC_T1_MAX_SD vectors. Row k of the group's half h (16
  * channels) is one two-source word permute of block vectors a = h*sd/2 and a + 1 (16
  * channels span at most two), straight into fp32 lanes for bf16 (each word to the high
