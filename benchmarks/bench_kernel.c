@@ -20,7 +20,9 @@
  * default, as benchmarks/harness.py): each call goes to the next of enough layers'
  * separate x, out, state and weights to hold 4x the last-level cache, and the copy
  * to the next of its own buffer pairs, so every call finds its data evicted; warm:
- * repeated calls on the same arrays. State layout (as benchmarks/bench_layouts.py): sd (the
+ * repeated calls on the same arrays; BK_LAYERS=N in the environment: cold over N layers
+ * instead (32: bench_grid.py's engine-like rotation, from the last-level cache). State
+ * layout (as benchmarks/bench_layouts.py): sd (the
  * default), (S, L, D) memory, channels contiguous; ds, (S, D, L) memory (vLLM's DS layout),
  * channel stride L, time stride 1; hf, (S, D, L + 1) memory of which the kernel gets the last
  * L columns (transformers' cache view [..., 1:]), channel stride L + 1; ds/sd or hf/sd: that
@@ -67,7 +69,8 @@ static int64_t llc_bytes(void) {
 }
 
 static int64_t layers_for(int cold, int64_t bytes) {
-    const int64_t n = (4 * llc_bytes() + bytes - 1) / bytes;
+    const char *fixed = getenv("BK_LAYERS");   /* a fixed count, e.g. 32 as bench_grid.py */
+    const int64_t n = fixed && atol(fixed) > 0 ? atol(fixed) : (4 * llc_bytes() + bytes - 1) / bytes;
     return !cold ? 1 : n < 2 ? 2 : n;
 }
 

@@ -76,6 +76,33 @@ def test_many_requests_across_units(isa, rng, D):
         run_and_check(c, num_threads=n, rng=rng)
 
 
+@pytest.mark.parametrize("D,B,dtype,mode,layout", [
+    (8192, 2, "bf16", "plain", "SD"),    # two threads, 16 channel blocks each; bf16 weights
+    (4100, 3, "bf16", "spec", "DS"),     # 17 blocks: ranges of 9 and 8, time-contiguous state
+    (4100, 8, "fp32", "plain", "SD"),    # 4 requests per thread, the uneven ranges
+    (2300, 5, "fp32", "spec", "DS"),     # 9 blocks
+])
+def test_channel_ranges_per_thread(isa, rng, D, B, dtype, mode, layout):
+    """With few requests per thread and rows of at least a page per thread, each thread
+    takes a range of channel blocks for every request (update.c's unit_of) and prefetches
+    the next unit in that order: every unit exactly once, pads and varlen requests too,
+    the same bits as one thread."""
+    call = make_call(rng, dtype=dtype, W=4, D=D, T=1 if mode == "plain" else 3, B=B, mode=mode,
+                     batching="fixed" if mode == "plain" else "varlen", pads=B > 2,
+                     state_layout=layout, wkind="same" if B <= 2 else "packed")
+    previous = gdnconv._core._set_parallel_min_bytes(0)
+    try:
+        outs, states = [], []
+        for n in (1, 2):
+            c = dict(call, conv_state=call["conv_state"].copy())
+            outs.append(run_and_check(c, num_threads=n, rng=rng)[0])
+            states.append(c["conv_state"])
+    finally:
+        gdnconv._core._set_parallel_min_bytes(previous)
+    assert_bits_equal(outs[1], outs[0], "out, two threads against one")
+    assert_bits_equal(states[1], states[0], "conv_state, two threads against one")
+
+
 def test_more_requests_than_slots_when_padded(isa, rng):
     D, W = 24, 4
     x = rng.standard_normal((6, 2, D)).astype(np.float32)

@@ -112,6 +112,11 @@ typedef struct gdn_update_params {
      * block in the unit that then runs the kernel there, so the write slot's rows the
      * roll does not reach keep their content. */
     const int32_t *initial_state_indices;
+    /* Set by gdn_update_run on its own copy for the kernels (the value passed is
+     * ignored): the units run request-major within each of this many contiguous ranges
+     * of channel blocks, one range per thread (update.c), which the kernels' prefetch of
+     * the next unit follows. */
+    int64_t channel_groups;
 } gdn_update_params;
 
 /* Validation of the index arrays before any write (with initial_state_indices: read

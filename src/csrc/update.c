@@ -109,10 +109,26 @@ typedef struct {
     int convert;                 /* each thread converts the weights once into its scratch */
 } update_run;
 
-/* Unit u: requests [r0, r1) x channel block; request-major, so a thread's consecutive
- * units continue the same rows. Rows of pad requests are zeroed when asked. */
+/* The units' order: p->channel_groups (G) contiguous ranges of channel blocks, and within
+ * each, request-major, so a thread's consecutive units continue the same rows. G = 1:
+ * unit u is request u / blocks, block u % blocks. G > 1 (one range per thread, few
+ * requests: see gdn_update_run): each thread reads its range's weights once from memory
+ * and again from its L2 for the next requests, where with G = 1 every thread reads all
+ * of them. Returns the unit's first request and its channel block. */
+static void unit_of(const update_run *run, int64_t u, int64_t *r0, int64_t *block) {
+    const int64_t G = run->p->channel_groups, nr = (run->p->batch + run->per_unit - 1) / run->per_unit;
+    const int64_t per = (run->blocks + G - 1) / G;            /* blocks per range, the last has the rest */
+    const int64_t g = u / (nr * per), nb = run->blocks - g * per < per ? run->blocks - g * per : per;
+    const int64_t v = u - g * nr * per;
+    *r0 = v / nb * run->per_unit;
+    *block = g * per + v % nb;
+}
+
+/* Unit u: requests [r0, r1) x a channel block. Rows of pad requests are zeroed when asked. */
 static void run_unit(const update_run *run, const gdn_update_params *p, int64_t u) {
-    const int64_t c0 = (u % run->blocks) * GDN_BLOCK_CHANNELS, r0 = (u / run->blocks) * run->per_unit;
+    int64_t r0, block;
+    unit_of(run, u, &r0, &block);
+    const int64_t c0 = block * GDN_BLOCK_CHANNELS;
     const int64_t c1 = c0 + GDN_BLOCK_CHANNELS < p->dim ? c0 + GDN_BLOCK_CHANNELS : p->dim;
     const int64_t r1 = r0 + run->per_unit < p->batch ? r0 + run->per_unit : p->batch;
     /* a state read from another slot: the window's rows copied to the write slot first,
@@ -156,7 +172,7 @@ static void run_range(void *ctx, int64_t u0, int64_t u1) {
         q.bias_stride = 1;
     }
     for (int64_t u = u0; u < u1; u++) {
-        if (scratch && u - u0 < run->blocks) {
+        if (scratch && u - u0 < run->blocks) {   /* (converting: channel_groups is 1) */
             const int64_t c0 = (u % run->blocks) * GDN_BLOCK_CHANNELS;
             const int64_t c1 = c0 + GDN_BLOCK_CHANNELS < p->dim ? c0 + GDN_BLOCK_CHANNELS : p->dim;
             run->isa->update_fill(p, c0, c1, scratch + c0, p->dim, scratch + p->width * p->dim + c0);
@@ -223,5 +239,15 @@ void gdn_update_run(const gdn_update_params *p, int num_threads) {
     run.convert = run.isa->update_fill && p->batch > team.n && p->batch > 1 &&
                   (p->width + 1) * p->dim <= GDN_SCRATCH_MAX_FLOATS &&
                   !(p->weight_dtype == GDN_F32 && p->weight_stride_d == 1);
+    /* A range of channels per thread (unit_of) with up to 4 requests per thread, where
+     * a range's rows are at least a page (4 KiB). benchmarks/README.md (stop 41): bf16
+     * D=8192, 2 threads, 32 layers B=2 9.6 -> 8.6 us, B=4 14.6 -> 14.3, from DRAM B=4
+     * 23.6 -> 20.5; ranges of 2 KiB (D=2048) put the two threads on neighbouring lines
+     * and slowed B=16 1.3x. */
+    gdn_update_params q = *p;
+    q.channel_groups = team.n > 1 && run.per_unit == 1 && !run.convert && p->batch <= 4 * team.n &&
+                               run.blocks >= team.n && p->dim * gdn_elsize(p->dtype) >= 4096 * team.n
+                           ? team.n : 1;
+    run.p = &q;
     gdn_parallel_for(team, units, run_range, &run);
 }

@@ -31,8 +31,8 @@
 
 #include "simd_tokens.h"
 
-/* A/B switches of the cold-call measures (benchmarks/README.md): prefetch of the unit
- * GDN_PF_AHEAD units ahead (0: none), one line in GDN_PF_EVERY bytes of each row. */
+/* A/B switches of the cold-call measures (benchmarks/README.md): prefetch of the next
+ * unit (GDN_PF_AHEAD 0: none), one line in GDN_PF_EVERY bytes of each row. */
 #ifndef GDN_PF_AHEAD
 #define GDN_PF_AHEAD 1
 #endif
@@ -163,8 +163,8 @@ GDN_INLINE void state_out(char *st, int64_t sl, int64_t sd, int R, const char *b
         tc_save(st, sd, R, buf, bs, n, dt);
 }
 
-/* The rows of the unit GDN_PF_AHEAD units after request i's block at c0 (units are
- * request-major, one request each), which simd_unit prefetches a line per row per
+/* The rows of the unit after request i's block at c0 (in update.c's order, one request
+ * a unit), which simd_unit prefetches a line per row per
  * line step, so that a cold call has the next unit's lines in flight while it
  * computes this one: x and out rows of its first slab, and of a channel-contiguous
  * state the rows it reads and those the speculative roll writes, of a time-contiguous
@@ -178,12 +178,19 @@ typedef struct {
 GDN_INLINE void simd_next_rows(const gdn_update_params *p, int64_t i, int64_t c0, simd_next *nx) {
     nx->nr = nx->nw = 0;
 #if GDN_PF_AHEAD > 0
-    const int64_t blocks = (p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS;
-    const int64_t u = i * blocks + c0 / GDN_BLOCK_CHANNELS + GDN_PF_AHEAD;
-    if (u >= p->batch * blocks) return;
-    const gdn_request r = gdn_get_request(p, u / blocks);
+    /* the next unit in update.c's order (unit_of): the next block of this request's
+     * range of blocks, or the range's first block of the next request */
+    const int64_t blocks = (p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS, b = c0 / GDN_BLOCK_CHANNELS;
+    int64_t g0 = 0, g1 = blocks;
+    if (p->channel_groups > 1) {   /* (no division per unit otherwise) */
+        const int64_t per = (blocks + p->channel_groups - 1) / p->channel_groups;
+        g0 = b / per * per, g1 = g0 + per < blocks ? g0 + per : blocks;
+    }
+    const int64_t ni = b + 1 < g1 ? i : i + 1, nb = b + 1 < g1 ? b + 1 : g0;
+    if (ni >= p->batch) return;
+    const gdn_request r = gdn_get_request(p, ni);
     if (r.skip) return;
-    const int64_t e = gdn_elsize(p->dtype), c = (u % blocks) * GDN_BLOCK_CHANNELS;
+    const int64_t e = gdn_elsize(p->dtype), c = nb * GDN_BLOCK_CHANNELS;
     const int64_t sd = p->state_stride_d, sl = p->state_stride_l * e;
     const int H = p->width - 1, nt = r.T < GDN_SLAB ? (int)r.T : GDN_SLAB;
     int n = 0;
