@@ -84,9 +84,9 @@ def test_many_requests_across_units(isa, rng, D):
 ])
 def test_channel_ranges_per_thread(isa, rng, D, B, dtype, mode, layout):
     """With few requests per thread and rows of at least a page per thread, each thread
-    takes a range of channel blocks for every request (update.c's unit_of) and prefetches
-    the next unit in that order: every unit exactly once, pads and varlen requests too,
-    the same bits as one thread."""
+    takes a range of channel blocks for every request (update.c's unit_of): every unit
+    runs exactly once, pads and varlen requests too, with the same bits as on one thread
+    (mapping a range's units wrongly fails here on every SIMD kernel)."""
     call = make_call(rng, dtype=dtype, W=4, D=D, T=1 if mode == "plain" else 3, B=B, mode=mode,
                      batching="fixed" if mode == "plain" else "varlen", pads=B > 2,
                      state_layout=layout, wkind="same" if B <= 2 else "packed")
