@@ -394,7 +394,7 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
 
 typedef struct {
     __m512i row[GDN_MAX_WIDTH - 1][2];          /* row k, half h: lane (word) <- pair element */
-    __m512i old[TC_T1_MAX_SD], tok[TC_T1_MAX_SD];
+    __m512i old, tok[TC_T1_MAX_SD];   /* old: lane i <- lane i + 1 (the last vector's successors) */
     uint32_t from_tok[TC_T1_MAX_SD], keep[TC_T1_MAX_SD];
     uint32_t last;   /* lanes of the last block vector read: those up to the last channel's row L-1 */
 } tc_t1_plan;
@@ -407,10 +407,10 @@ GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const 
         for (int k = 0; k < H; k++)
             t->row[k][h] = _mm512_add_epi16(_mm512_mullo_epi16(ch, _mm512_set1_epi16((short)sd)),
                                             _mm512_set1_epi16((short)(16 * h * sd + k - 32 * (h * sd / 2))));
+    t->old = _mm512_add_epi16(iota, _mm512_set1_epi16(1));
     for (int m = 0; m < sd; m++) {
         __m512i k, j;
         tc_block_kj(m, sd, 2, &k, &j);
-        t->old[m] = _mm512_add_epi16(iota, _mm512_set1_epi16(1));
         t->tok[m] = j;
         t->from_tok[m] = tc_eq(k, H - 1, 2);
         t->keep[m] = tc_rows(k, 0, H, 2);
@@ -434,7 +434,7 @@ GDN_INLINE void tc_t1_roll(char *blk, const __m512i *sv, __m512i tok, const tc_t
     for (int m = 0; m < sd; m++) {
         /* each element's successor: a load one element on (within the group but for
          * the last vector, whose last lane needs none: a one-source permute there) */
-        __m512i r = m + 1 < sd ? _mm512_loadu_si512(blk + 64 * m + 2) : _mm512_permutexvar_epi16(t->old[m], sv[m]);
+        __m512i r = m + 1 < sd ? _mm512_loadu_si512(blk + 64 * m + 2) : _mm512_permutexvar_epi16(t->old, sv[m]);
         r = _mm512_mask_mov_epi16(r, t->from_tok[m], _mm512_permutexvar_epi16(t->tok[m], tok));
         _mm512_mask_storeu_epi16(blk + 64 * m, t->keep[m], r);
     }
