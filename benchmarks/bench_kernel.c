@@ -9,13 +9,15 @@
  *   gcc -O3 -fno-math-errno -fno-trapping-math -fopenmp -Iinclude -Isrc/csrc \
  *       benchmarks/bench_kernel.c src/csrc/*.c \
  *       -o /tmp/bench_kernel
- *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] [bf16|fp16|fp32] \
+ *   /tmp/bench_kernel B D [silu|none] [threads] [isa] [packed|raw|vllm] [identity|perm] [cold|warm] [bf16|fp16|fp32] \
  *       [sd|ds|hf] [spec|plain]
  *
  * The dtype of x, out and conv_state is bf16 unless the ninth argument says otherwise
  * (values near 1 in every dtype: the same bf16 patterns, widened for fp32).
  * packed: fp32 tap-major weights (gdnconv.pack_weight's layout); raw: bf16 (D, W)
- * weights, converted once per thread into the C side's per-thread scratch. identity: request
+ * weights, converted once per thread into the C side's per-thread scratch; vllm: bf16
+ * weights in vLLM's packed layout (is_weight_packed, read in place; W = 4, D a multiple
+ * of 32). identity: request
  * i uses slot i; perm: slots in a random permutation (as benchmarks/bench.py). cold (the
  * default, as benchmarks/harness.py): each call goes to the next of enough layers'
  * separate x, out, state and weights to hold 4x the last-level cache, and the copy
@@ -97,7 +99,7 @@ static void *alloc(int64_t bytes) {
 
 /* nl layers' arrays and parameters of one configuration and state layout (sd, ds or hf) */
 static gdn_update_params *make_layers(int64_t nl, const char *layout, int64_t B, int64_t D, int64_t T, int64_t W,
-                                      int64_t L, int plain, int silu, int raw, int dt, int32_t *nat, int32_t *slots) {
+                                      int64_t L, int plain, int silu, int raw, int vllm, int dt, int32_t *nat, int32_t *slots) {
     const int64_t e = dt == GDN_F32 ? 4 : 2, lead = strcmp(layout, "hf") == 0, cols = L + lead;
     gdn_update_params *ps = calloc((size_t)nl, sizeof *ps);
     for (int64_t l = 0; l < nl; l++) {
@@ -114,7 +116,13 @@ static gdn_update_params *make_layers(int64_t nl, const char *layout, int64_t B,
         else
             p->conv_state = st + lead * e, p->state_stride_s = cols * D, p->state_stride_l = 1, p->state_stride_d = cols;
         p->num_accepted_tokens = plain ? NULL : nat, p->conv_state_indices = slots;
-        if (raw) {
+        if (vllm) {   /* the same values as raw's, at their packed places */
+            uint16_t *w = alloc(D * W * 2);
+            for (int64_t c = 0; c < D; c++)
+                for (int64_t k = 0; k < W; k++)
+                    w[(c >> 5) * 128 + (k >> 1) * 64 + (c & 31) * 2 + (k & 1)] = (uint16_t)(0x3e00 + (c * W + k) % 29);
+            p->weight = w, p->weight_dtype = GDN_BF16, p->is_weight_packed = 1;
+        } else if (raw) {
             char *w = alloc(D * W * e);
             for (int64_t i = 0; i < D * W; i++) put(w, i, 0x3e00 + i % 29, dt);
             p->weight = w, p->weight_dtype = dt, p->weight_stride_d = W, p->weight_stride_w = 1;
@@ -132,7 +140,7 @@ static gdn_update_params *make_layers(int64_t nl, const char *layout, int64_t B,
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw] [identity|perm] [cold|warm] "
+        fprintf(stderr, "usage: %s B D [silu|none] [threads] [isa] [packed|raw|vllm] [identity|perm] [cold|warm] "
                 "[bf16|fp16|fp32] [sd|ds|hf|ds/sd|hf/sd] [spec|plain] [T]\n", argv[0]);
         return 2;
     }
@@ -153,7 +161,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "isa %s: unknown or not supported here\n", argc > 5 ? argv[5] : "(best)");
         return 2;
     }
-    const int raw = argc > 6 && strcmp(argv[6], "raw") == 0;
+    const int raw = argc > 6 && strcmp(argv[6], "raw") == 0, vllm = argc > 6 && strcmp(argv[6], "vllm") == 0;
     const int perm = argc > 7 && strcmp(argv[7], "perm") == 0;
     const int cold = !(argc > 8 && strcmp(argv[8], "warm") == 0);
     const char *dname = argc > 9 ? argv[9] : "bf16";
@@ -184,10 +192,10 @@ int main(int argc, char **argv) {
             slots[j] = s;
         }
 
-    const int64_t layer_bytes = (2 * B * T + B * cols) * D * e + (raw ? D * W * e : W * D * 4);
+    const int64_t layer_bytes = (2 * B * T + B * cols) * D * e + (raw ? D * W * e : vllm ? D * W * 2 : W * D * 4);
     const int64_t nl = layers_for(cold, layer_bytes);
-    gdn_update_params *ps = make_layers(nl, layout, B, D, T, W, L, plain, silu, raw, dt, nat, slots);
-    gdn_update_params *ref = pair ? make_layers(nl, "sd", B, D, T, W, L, plain, silu, raw, dt, nat, slots) : NULL;
+    gdn_update_params *ps = make_layers(nl, layout, B, D, T, W, L, plain, silu, raw, vllm, dt, nat, slots);
+    gdn_update_params *ref = pair ? make_layers(nl, "sd", B, D, T, W, L, plain, silu, raw, vllm, dt, nat, slots) : NULL;
     /* the yardstick: a copy of the kernel's byte count, rotating through its own buffer pairs */
     const int64_t bytes = gdn_update_bytes(&ps[0]), nc = pair ? 0 : layers_for(cold, 2 * bytes);
     char **src = malloc(nc * sizeof *src), **dst = malloc(nc * sizeof *dst);
@@ -215,7 +223,7 @@ int main(int argc, char **argv) {
     if (pair) {
         printf("%s B=%ld T=%ld D=%ld %s threads=%d isa=%s %s %s %s %s (layers %ld): %s median %.2f us/call, sd %.2f; "
                "%s/sd median %.3f (quartiles %.3f %.3f)\n",
-               dname, (long)B, (long)T, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
+               dname, (long)B, (long)T, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : vllm ? "vllm" : "packed",
                perm ? "perm" : "identity", cold ? "cold" : "warm", plain ? "plain" : "spec", (long)nl, layout,
                median(us, SAMPLES), median(cu, SAMPLES), layout, median(ratio, SAMPLES), nth(ratio, SAMPLES, SAMPLES / 4),
                nth(ratio, SAMPLES, SAMPLES - 1 - SAMPLES / 4));
@@ -225,7 +233,7 @@ int main(int argc, char **argv) {
     for (int k = 1; k < SAMPLES; k++) best = us[k] < best ? us[k] : best;
     printf("%s B=%ld T=%ld D=%ld %s threads=%d isa=%s %s %s %s %s %s (layers %ld): best %.2f median %.2f us/call; "
            "copy %.2f us; kernel/copy %.2f\n",
-           dname, (long)B, (long)T, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : "packed",
+           dname, (long)B, (long)T, (long)D, silu ? "silu" : "none", threads, gdn_active_isa(), raw ? "raw" : vllm ? "vllm" : "packed",
            perm ? "perm" : "identity", cold ? "cold" : "warm", layout, plain ? "plain" : "spec", (long)nl, best,
            median(us, SAMPLES),
            median(cu, SAMPLES), median(ratio, SAMPLES));

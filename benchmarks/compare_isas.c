@@ -106,15 +106,17 @@ static void compare(tally *t, const char *what, const void *out, const void *ref
 static const char *dname(int dt) { return dt == GDN_F32 ? "fp32" : dt == GDN_F16 ? "fp16" : "bf16"; }
 
 /* One update case on row isa: layout 0 (S, L, D), 1 (S, D, L), 2 (S, D, L + 1) seen as [..., 1:];
- * weights 0 packed fp32 (W, D), 1 (D, W) of dt, 2 (D, W) fp32. */
+ * weights 0 packed fp32 (W, D), 1 (D, W) of dt, 2 (D, W) fp32, 3 vLLM's packed layout of dt
+ * (is_weight_packed: W = 4 only, D a multiple of 32; bf16 read in place, the others converted). */
 static void update_case(tally *t, const char *isa, int dt, int W, int silu, int spec, int varlen, int layout,
                         int wform, int64_t D) {
+    if (wform == 3 && W != 4) return;
     const int64_t B = 3, T = 1 + rnd() % 4, S = B + 1, L = spec ? W - 2 + T : W - 1 + (int64_t)(rnd() % 2);
     int32_t slots[3] = {2, -1, 0}, nat[3], qsl[4] = {0, 0, 0, 0};
     for (int i = 0; i < 3; i++) nat[i] = 1 + (int)(rnd() % (T < 2 ? 1 : T));   /* 1..T, spec */
     for (int i = 0; i < 3; i++) qsl[i + 1] = qsl[i] + (int32_t)(varlen ? rnd() % (T + 1) : T);
     const int64_t N = qsl[3], cap = B * T * D, cols = L + (layout == 2), e = esize(dt);
-    const int wdt = wform == 1 ? dt : GDN_F32;
+    const int wdt = wform == 1 || wform == 3 ? dt : GDN_F32;
     char *x = malloc(cap * e), *out = malloc(cap * e), *ref = malloc(cap * e);
     char *st = malloc(S * cols * D * e), *st0 = malloc(S * cols * D * e), *rst = malloc(S * cols * D * e);
     void *w = malloc(W * D * 4), *b = malloc(D * 4);
@@ -133,6 +135,7 @@ static void update_case(tally *t, const char *isa, int dt, int W, int silu, int 
     p.weight = w;
     if (wform == 0) p.weight_stride_d = 1, p.weight_stride_w = D;
     else p.weight_stride_d = W, p.weight_stride_w = 1;
+    p.is_weight_packed = wform == 3;   /* (any values at the packed places are some weight's) */
     p.bias = rnd() % 4 ? b : NULL, p.bias_stride = 1;
     p.conv_state_indices = slots, p.num_accepted_tokens = spec ? nat : NULL, p.query_start_loc = varlen ? qsl : NULL;
     int64_t bi, bv;
@@ -267,9 +270,9 @@ int main(int argc, char **argv) {
                 for (int silu = 0; silu < 2; silu++)
                     for (int mode = 0; mode < 3; mode++)   /* plain fixed, spec fixed, spec varlen */
                         for (int layout = 0; layout < 3; layout++)
-                            for (int wf = 0; wf < 3; wf++)
+                            for (int wf = 0; wf < 4; wf++)
                                 update_case(&t, isas[k], dts[d], W, silu, mode > 0, mode == 2, layout, wf,
-                                            dims[(W + layout + wf) % 3]);
+                                            wf == 3 ? 288 : dims[(W + layout + wf) % 3]);
         for (int d = 0; d < 3; d++)
             for (int W = 2; W <= 8; W++)
                 for (int silu = 0; silu < 2; silu++)

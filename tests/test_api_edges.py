@@ -122,6 +122,36 @@ def test_pack_weight_checks_its_argument():
     assert packed.strides == (4, 64) and np.array_equal(packed, w)
 
 
+@pytest.mark.parametrize("op", ["update", "prefill"])
+def test_packed_weight_refusals_name_the_argument_and_write_nothing(op):
+    """is_weight_packed=True takes only vLLM's packed layout (a contiguous (D, 4) array, D a
+    multiple of 32), in x's dtype or float32, and a bool flag; each refusal names the argument,
+    its value and the fix, and writes nothing."""
+    import ml_dtypes
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    D = 64
+    x = np.ones((2, 1, D), bf16)
+    state = np.ones((3, 3, D), bf16)
+    good = np.ones((D, 4), bf16)
+    cases = [(np.ones((D, 3), bf16), True, ValueError, r"is_weight_packed=True must be in vLLM's packed layout .* "
+              r"got shape \(64, 3\); pass the plain"),
+             (np.ones((40, 4), bf16), True, ValueError, r"D a multiple of 32, got shape \(40, 4\)"),
+             (np.ones((4, D), bf16).T, True, ValueError, r"strides \(1, 64\) in elements, not contiguous"),
+             (good.astype(np.float16), True, TypeError, r"weight dtype float16 does not match x dtype bfloat16: "
+              r"pass the packed weight in x's dtype or as float32"),
+             (good, "yes", TypeError, r"is_weight_packed must be a bool, got 'yes'")]
+    for w, flag, err, match in cases:
+        st, out = state.copy(), np.full_like(x, 7)
+        with pytest.raises(err, match=match):
+            if op == "update":
+                gdnconv.conv_update_multi(x, st, w, is_weight_packed=flag, out=out)
+            else:
+                gdnconv.conv_prefill(x, w, conv_state=st, cache_indices=np.array([0, 2], np.int32),
+                                     has_initial_state=np.array([True, True]), is_weight_packed=flag, out=out)
+        assert np.array_equal(st.view(np.uint16), state.view(np.uint16)), match
+        assert (out.astype(np.float32) == 7).all(), match
+
+
 def test_query_start_loc_must_be_one_dimensional():
     x, state, w = _call_args()
     before = state.copy()

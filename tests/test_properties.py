@@ -379,6 +379,48 @@ def test_pack_weight(isa, rng, dtype):
         gdnconv.pack_weight(np.zeros(4, np.float32))
 
 
+def vllm_packed(w):
+    """A (D, 4) weight in vLLM's packed layout (causal_conv1d_weight_pack's, as
+    gdnconv.vllm.pack_weight_like_vllm makes it of a tensor): [b, j, c, p] = w[32 b + c, 2 j + p]."""
+    D = w.shape[0]
+    return np.ascontiguousarray(w.reshape(D // 32, 32, 2, 2).transpose(0, 2, 1, 3)).reshape(D, 4)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+def test_vllm_packed_weight(isa, rng, dtype, mode, layout):
+    """is_weight_packed=True: a weight in vLLM's packed layout gives the bits of its plain weight
+    (which the reference checks) on every ISA: bf16 read in place by the SIMD kernels, fp16 and
+    fp32 converted; one token and varlen with pads; channel- and time-contiguous states; D = 288,
+    a whole channel block and part of the next; and the prefill."""
+    D, W = 288, 4
+    for T, batching in ((1, "fixed"), (3, "varlen")):
+        call = make_call(rng, dtype=dtype, W=W, D=D, T=T, B=3, mode=mode, batching=batching, pads=True,
+                         state_layout=layout)
+        x, w, b, kw = call["x"], call["weight"], call["bias"], call["kw"]
+        state = np.copy(call["conv_state"], order="K")
+        packed = vllm_packed(w)
+        assert not np.array_equal(packed, w)
+        want, _ = run_and_check(call)
+        out = gdnconv.conv_update_multi(x, state, packed, b, is_weight_packed=True, **kw)
+        assert_bits_equal(out, want, f"out with the packed weight, T={T}")
+        assert_bits_equal(state, call["conv_state"], f"conv_state with the packed weight, T={T}")
+    dt = DTYPES[dtype]
+    qsl = np.array([0, 5, 5, 12], np.int32)
+    x = rng.standard_normal((12, D)).astype(dt)
+    w = (rng.standard_normal((D, W)) / 2).astype(dt)
+    b = (rng.standard_normal(D) / 2).astype(dt)
+    states = [rng.standard_normal((4, W - 1, D)).astype(dt) for _ in range(2)]
+    states[1][...] = states[0]
+    kw = dict(query_start_loc=qsl, cache_indices=np.array([3, -1, 1], np.int32),
+              has_initial_state=np.array([True, False, False]))
+    want = gdnconv.conv_prefill(x, w, b, conv_state=states[0], **kw)
+    got = gdnconv.conv_prefill(x, vllm_packed(w), b, conv_state=states[1], is_weight_packed=True, **kw)
+    assert_bits_equal(got, want, "prefill out with the packed weight")
+    assert_bits_equal(states[1], states[0], "prefill conv_state with the packed weight")
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_bytes_moved_formula(rng, dtype):
     dt = DTYPES[dtype]

@@ -203,7 +203,7 @@ def _three_request_call(mode, tokens, slots, w, b, packed_flag, st):
 def test_packed_weight_gives_the_plain_weights_bits(mode):
     """is_weight_packed=True: a weight in vLLM's packed layout (causal_conv1d_weight_pack, at load on
     AVX512-BF16 hosts) gives the bits of its plain weight, also after the packed tensor is changed
-    in place (the kept unpacked copy is remade) or through .data (after forget_packed_weights())."""
+    in place or through .data (read in place: nothing kept to go stale)."""
     B, D, W, T = 3, 64, 4, 3
     conv_state, weight, bias, tokens = _tensors(7, "bf16", B, T, D, W, W - 2 + T, 5, "SD")
     packed = gv.pack_weight_like_vllm(weight)
@@ -220,91 +220,68 @@ def test_packed_weight_gives_the_plain_weights_bits(mode):
         assert torch.equal(bits_t(ra), bits_t(rb)) and torch.equal(bits_t(a), bits_t(b))
         if step == 0:
             packed.mul_(-1)       # in place
-        else:                     # through .data, the version counter unmoved: forget_packed_weights()
+        else:                     # through .data, the version counter unmoved
             packed.data.copy_(gv.pack_weight_like_vllm(torch.randn(D, W).bfloat16()))
-            gv.forget_packed_weights()
         weight = gv.unpack_weight(packed)
 
 
 @pytest.mark.parametrize("mode", ["plain", "spec", "prefill"])
-def test_packed_weight_reaches_the_core_as_kept_float32(mode, monkeypatch):
-    """is_weight_packed=True: the core gets the kept float32 tap-major form of the unpacked weight
-    (gdnconv.pack_weight's layout, read in place) and a kept float32 copy of a bf16 bias, as NumPy
-    arrays, the same arrays call after call and in one core call (no refusal, no second path); a bias changed in
-    place is copied again, one changed through .data after forget_packed_weights(). Outputs and
-    state keep the bits of the plain bf16 weight and bias."""
+def test_packed_weight_reaches_the_core_as_it_is(mode, monkeypatch):
+    """is_weight_packed=True: the core gets the packed tensor itself (its memory, bf16) and the bias
+    as given, with is_weight_packed, in one core call (the update's try takes it); an
+    inference-tensor weight and other biases alike. Outputs and state keep the plain weight's bits."""
     B, D, W, T = 3, 96, 4, 3
     conv_state, weight, bias, tokens = _tensors(11, "bf16", B, T, D, W, W - 2 + T, 5, "SD")
     packed = gv.pack_weight_like_vllm(weight)
+    with torch.inference_mode():
+        frozen = packed.clone()
     slots = torch.tensor([4, 0, 2], dtype=torch.int32)
     core = "_conv_prefill_vllm" if mode == "prefill" else "_conv_update_vllm"
     seen = []
 
     def spy(*args, **kw):      # the update's core takes (x, state, weight, bias), the prefill's (x, weight, bias)
-        seen.append(args[1:3] if mode == "prefill" else args[2:4])
+        seen.append((args[1:3] if mode == "prefill" else args[2:4]) + (kw.get("is_weight_packed"),))
         return real(*args, **kw)
 
     real = getattr(gdnconv._core, core)
     monkeypatch.setattr(gdnconv._core, core, spy)
-
-    def call(w, b, packed_flag, st):
-        return _three_request_call(mode, tokens, slots, w, b, packed_flag, st)
-
-    kept = []
-    for step in range(4):
-        a, b = conv_state.clone(), conv_state.clone()
-        ra = call(weight, bias, False, a)
+    other = (torch.randn(D, generator=torch.Generator().manual_seed(3)) / 2).bfloat16()
+    for w, b in ((packed, bias), (packed, other), (frozen, None)):
+        a, st = conv_state.clone(), conv_state.clone()
+        ra = _three_request_call(mode, tokens, slots, weight, b, False, a)
         seen.clear()
-        rb = call(packed, bias, True, b)
-        assert torch.equal(bits_t(ra), bits_t(rb)) and torch.equal(bits_t(a), bits_t(b))
+        rb = _three_request_call(mode, tokens, slots, w, b, True, st)
+        assert torch.equal(bits_t(ra), bits_t(rb)) and torch.equal(bits_t(a), bits_t(st))
         assert len(seen) == 1
-        w, bb = seen[0]
-        assert isinstance(w, np.ndarray) and isinstance(bb, np.ndarray)     # read without a tensor's checks
-        assert w.dtype == np.float32 and w.shape == (D, W) and w.strides == (4, 4 * D)
-        assert np.array_equal(w, weight.float().numpy()) and bb.dtype == np.float32
-        assert np.array_equal(bb, bias.float().numpy())
-        kept.append((w, bb))
-        if step == 1:
-            bias.mul_(-1)                                  # in place: its version counter moves
-        elif step == 2:
-            bias.data.copy_(torch.randn(D).bfloat16())     # unseen by the counter
-            gv.forget_packed_weights()
-    assert kept[1][0] is kept[0][0] and kept[1][1] is kept[0][1]     # kept, not remade
-    assert kept[2][1] is not kept[1][1] and kept[3][1] is not kept[2][1]   # remade for the changed bias
+        got_w, got_b, flag = seen[0]
+        assert got_w is w and got_b is b and flag is True
 
 
-def test_packed_weights_kept_per_pair_and_for_inference_tensors(monkeypatch):
-    """is_weight_packed=True: the kept float32 copies are per (weight, bias) pair (one weight with
-    two biases keeps both, no remaking as calls alternate); a float32 bias is passed on as it is;
-    an inference-tensor weight (no version counter) is unpacked on every call and never kept.
-    Every call has the bits of the plain weight widened to float32 with that bias."""
-    B, D, W = 3, 64, 4
-    conv_state, weight, bias, tokens = _tensors(12, "bf16", B, 1, D, W, W - 1, 5, "SD")
+def test_packed_weights_under_compile_and_other_kinds_give_the_plain_bits():
+    """is_weight_packed=True through the registered torch ops (gdnconv.torch, what torch.compile
+    traces) and under torch.compile, as a float32 copy of the packed tensor (converted by the core)
+    and as a NumPy array: the plain weight's bits every time."""
+    conv_state, weight, bias, tokens = _tensors(12, "bf16", 3, 1, 64, 4, 3, 5, "SD")
     packed = gv.pack_weight_like_vllm(weight)
     slots = torch.tensor([4, 0, 2], dtype=torch.int32)
-    made = []
-    real = gv._make_packed
-    monkeypatch.setattr(gv, "_make_packed", lambda w, b: made.append(1) or real(w, b))
-    gv.forget_packed_weights()
 
-    def pair(w, b, flag):
+    def pair(w, b, flag, fn=gv.causal_conv1d_update):
         st = conv_state.clone()
-        res = gv.causal_conv1d_update(tokens[:, 0].clone(), st, w, b, "silu", slots, is_weight_packed=flag)
+        res = fn(tokens[:, 0].clone(), st, w, b, "silu", slots, is_weight_packed=flag)
         return bits_t(res), bits_t(st)
 
-    other = (torch.randn(D, generator=torch.Generator().manual_seed(3)) / 2).bfloat16()
-    f32 = other.float() + 1e-3              # not a bf16 value: a float32 bias the core takes with float32 weights
-    for b in (bias, other, bias, other, f32, None):
-        want = pair(weight.float(), None if b is None else b.float(), False)
-        assert all(torch.equal(g, w) for g, w in zip(pair(packed, b, True), want))
-    # (weight, bias), (weight, other), and (weight, no bias kept): the float32 bias is passed on, like None
-    assert len(made) == 3 and len(gv._kept) == 3
-    with torch.inference_mode():
-        frozen = packed.clone()
-    made.clear()
-    for _ in range(2):
-        assert all(torch.equal(g, w) for g, w in zip(pair(frozen, bias, True), pair(weight.float(), bias.float(), False)))
-    assert len(made) == 2 and len(gv._kept) == 3
+    def same(a, b):
+        return all(torch.equal(p, q) for p, q in zip(a, b))
+
+    want = pair(weight, bias, False)
+    f32 = pair(weight.float(), bias.float(), False)
+    assert same(pair(packed, bias, True, torch.compile(gv.causal_conv1d_update)), want)
+    assert same(pair(packed.float(), bias.float(), True), f32)
+    assert same(pair(packed.float().numpy(), bias.float().numpy(), True), f32)
+    x, st = tokens[:, 0].clone(), conv_state.clone()
+    res = gdnconv.torch.conv_update_multi(x[:, None], st.transpose(1, 2), packed, bias, conv_state_indices=slots,
+                                          is_weight_packed=True)
+    assert torch.equal(bits_t(res[:, 0]), want[0]) and torch.equal(bits_t(st), want[1])
 
 
 def _core_entries(monkeypatch):
@@ -323,17 +300,17 @@ def _core_entries(monkeypatch):
 
 @pytest.mark.parametrize("route", ["adapter", "plugin"])
 def test_packed_weights_of_the_wrong_kind_are_refused(route):
-    """is_weight_packed=True refuses a packed weight that is a NumPy array (the try must not read
-    it as a plain weight) and one of a dtype gdnconv does not take (no silent cast), with the
-    argument's name, through gdnconv.vllm and the plugin's drop-in; nothing is written."""
+    """is_weight_packed=True refuses a packed weight of a dtype gdnconv does not take (no silent
+    cast) or not in the packed layout, with the argument's name, through gdnconv.vllm and the
+    plugin's drop-in; nothing is written."""
     import gdnconv.vllm_plugin as vp
     conv_state, weight, bias, tokens = _tensors(14, "bf16", 2, 1, 64, 4, 3, 4, "SD")
     packed = gv.pack_weight_like_vllm(weight)
     slots = torch.tensor([3, 1], dtype=torch.int32)
-    cases = [(packed.float().numpy(), None, ValueError, "must be vLLM's packed .* got ndarray"),
-             (packed.float().numpy(), bias.float(), ValueError, "must be vLLM's packed .* got ndarray"),
-             (packed.to(torch.int32), None, TypeError, "must be bfloat16 .* got dtype int32"),
-             (packed.to(torch.complex64), None, TypeError, "must be bfloat16 .* got dtype complex64")]
+    cases = [(packed[:32], None, ValueError, "weight dim 32"),
+             (packed.T.contiguous().T, bias, ValueError, "is_weight_packed=True must be in vLLM's packed layout"),
+             (packed.to(torch.int32), None, TypeError, "weight .*int32"),
+             (packed.to(torch.complex64), None, TypeError, "weight .*complex64")]
     for w, b, err, match in cases:
         st, x = conv_state.clone(), tokens[:, 0].clone()
         with pytest.raises(err, match=match):
@@ -345,20 +322,18 @@ def test_packed_weights_of_the_wrong_kind_are_refused(route):
         assert torch.equal(bits_t(st), bits_t(conv_state)) and torch.equal(x, tokens[:, 0])
 
 
-def test_packed_weight_reloads_and_other_biases_give_the_plain_bits():
-    """is_weight_packed=True: a weight reloaded twice through .data between two calls (the first
-    reload's memory freed: without the kept entry holding the old storage, the second reload
-    could land at the first one's address and be taken for it), a bf16 bias of a tensor
-    subclass or as a NumPy float16 array (widened, not kept) and, under torch.compile, a float32
-    bias: each call has the bits of the plain weight widened to float32."""
+def test_packed_weight_reloads_give_the_plain_bits():
+    """is_weight_packed=True: a weight reloaded twice through .data between two calls, and a bf16
+    bias of a tensor subclass: each call has the bits of the plain weight (read in place: a
+    reload is the next call's weight)."""
     conv_state, weight, bias, tokens = _tensors(15, "bf16", 3, 1, 64, 4, 3, 5, "SD")
     slots = torch.tensor([4, 0, 2], dtype=torch.int32)
     wp = torch.nn.Parameter(gv.pack_weight_like_vllm(weight), requires_grad=False)
     g = torch.Generator().manual_seed(5)
 
-    def pair(w, b, flag, fn=gv.causal_conv1d_update):
+    def pair(w, b, flag):
         st = conv_state.clone()
-        res = fn(tokens[:, 0].clone(), st, w, b, "silu", slots, is_weight_packed=flag)
+        res = gv.causal_conv1d_update(tokens[:, 0].clone(), st, w, b, "silu", slots, is_weight_packed=flag)
         return bits_t(res), bits_t(st)
 
     def same(a, b):
@@ -366,18 +341,12 @@ def test_packed_weight_reloads_and_other_biases_give_the_plain_bits():
 
     plain = weight
     for _ in range(20):
-        assert same(pair(wp, None, True), pair(plain.float(), None, False))
+        assert same(pair(wp, None, True), pair(plain, None, False))
         w1, w2 = ((torch.randn(64, 4, generator=g) / 2).bfloat16() for _ in range(2))
         wp.data = gv.pack_weight_like_vllm(w1)
         wp.data = gv.pack_weight_like_vllm(w2)
         plain = w2
-    half = bias.half()
-    for b in (bias.as_subclass(_Counting), half.numpy()):
-        ref_b = torch.from_numpy(b.astype(np.float32)) if isinstance(b, np.ndarray) else bias.float()
-        assert same(pair(wp, b, True), pair(plain.float(), ref_b, False))
-    compiled = torch.compile(gv.causal_conv1d_update)
-    b32 = bias.float() + 1e-3
-    assert same(pair(wp, b32, True, compiled), pair(plain.float(), b32, False))
+    assert same(pair(wp, bias.as_subclass(_Counting), True), pair(plain, bias, False))
 
 
 def test_the_try_reads_ndarrays_but_not_their_subclasses(monkeypatch):
@@ -407,7 +376,7 @@ def test_packed_weight_refusals_write_nothing():
     conv_state, weight, bias, tokens = _tensors(8, "bf16", 2, 1, 40, 4, 3, 4, "SD")
     before = conv_state.clone()
     for w in (weight, torch.zeros(64, 3, dtype=torch.bfloat16), torch.zeros(4, 64, dtype=torch.bfloat16).T):
-        with pytest.raises(ValueError, match="is_weight_packed=True must be vLLM's packed"):
+        with pytest.raises(ValueError, match="is_weight_packed=True must be in vLLM's packed layout"):
             gv.causal_conv1d_update(tokens[:, 0].clone(), conv_state, w, bias, "silu", is_weight_packed=True)
     assert torch.equal(bits_t(conv_state), bits_t(before))
 
@@ -544,35 +513,27 @@ class _WeightParameter(torch.nn.Parameter):
 
 
 @pytest.mark.parametrize("kind", ["subclass", "vllm_parameter"])
-def test_a_packed_weight_of_a_subclass_is_kept_once_and_tried(kind, monkeypatch):
+def test_a_packed_weight_of_a_subclass_is_tried_as_a_plain_tensor(kind, monkeypatch):
     """With is_weight_packed, a packed weight of a tensor subclass (vLLM's conv weights are
-    ModelWeightParameter, a Parameter subclass with a Python __torch_function__) is unpacked
-    once and kept, as a plain tensor's is: every call is one core call (the plain_tensors try,
-    on the kept arrays), its torch functions run once per call (the kept entry's checks; the
-    making only on the first), with the plain weight's bits."""
+    ModelWeightParameter, a Parameter subclass with a Python __torch_function__) goes to the core
+    as a plain tensor on its memory, made with subclass functions off: every call is one core
+    call (the plain_tensors try), none of its torch functions run, with the plain weight's bits."""
     entries = _core_entries(monkeypatch)
-    made = []
-    real = gv._make_packed
-    monkeypatch.setattr(gv, "_make_packed", lambda w, b: made.append(1) or real(w, b))
-    gv.forget_packed_weights()
     conv_state, weight, bias, tokens = _tensors(6, "bf16", 2, 1, 64, 4, 3, 4, "SD")
     packed = gv.pack_weight_like_vllm(weight)
     w = (packed.as_subclass(_Counting) if kind == "subclass" else
          _WeightParameter(packed.clone(), requires_grad=False))
     counter = _Counting if kind == "subclass" else _WeightParameter
     slots = torch.tensor([3, 1], dtype=torch.int32)
-    seen = []
     for _ in range(3):
         st, x = conv_state.clone(), tokens[:, 0].clone()
         ref_st = conv_state.clone()
-        ref = gv.causal_conv1d_update(tokens[:, 0].clone(), ref_st, weight.float(), bias.float(), "silu", slots)
+        ref = gv.causal_conv1d_update(tokens[:, 0].clone(), ref_st, weight, bias, "silu", slots)
         entries.clear()
         counter.seen = 0
         res = gv.causal_conv1d_update(x, st, w, bias, "silu", slots, is_weight_packed=True)
-        seen.append(counter.seen)
-        assert entries == [True]
+        assert entries == [True] and counter.seen == 0
         assert torch.equal(bits_t(res), bits_t(ref)) and torch.equal(bits_t(st), bits_t(ref_st))
-    assert len(made) == 1 and seen[1] == seen[2] and 0 < seen[1] < seen[0]
 
 
 @pytest.mark.parametrize("case", ["requires_grad", "inference", "self_overlap"])

@@ -99,6 +99,12 @@ typedef struct gdn_update_params {
     int64_t state_stride_s, state_stride_l, state_stride_d;
     const void *weight;     /* [D, W] */
     int64_t weight_stride_d, weight_stride_w;
+    /* 1: weight is in vLLM's packed layout (causal_conv1d_weight_pack, what vLLM's
+     * CPU backend holds for bf16 width-4 conv weights): W = 4, D a multiple of 32,
+     * contiguous, tap k of channel c at element (c / 32) * 128 + (k / 2) * 64 +
+     * (c % 32) * 2 + k % 2; the weight strides are not read. The SIMD kernels read a
+     * bf16 one in place (two taps per 32-bit lane), any other is converted. */
+    int is_weight_packed;
     const void *bias;       /* [D] or NULL */
     int64_t bias_stride;
 

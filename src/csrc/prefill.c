@@ -149,7 +149,7 @@ int gdn_prefill_run(const gdn_prefill_params *pp, int num_threads) {
     /* fp32 weights with unit channel stride (pack_weight's layout) are read in place,
      * with a fp32 bias of unit stride; anything else is converted once per call on
      * the calling thread, into its scratch, which every thread then reads */
-    if (p->weight_dtype == GDN_F32 && p->weight_stride_d == 1) {
+    if (gdn_weight_f32_rows(p)) {
         run.w = (const float *)p->weight;
         run.ld = p->weight_stride_w;
         if (p->bias && p->bias_stride == 1) {

@@ -55,6 +55,14 @@ GDN_INLINE V vload(const float *p) { return _mm256_loadu_ps(p); }
 GDN_INLINE void vstore(float *p, V v) { _mm256_storeu_ps(p, v); }
 GDN_INLINE V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
 
+/* LANES 32-bit lanes each holding two bf16 values (vLLM's packed weight: taps 2j and
+ * 2j + 1 of a channel) as fp32: the low halves to *lo, the high halves to *hi. */
+GDN_INLINE void wpair(const uint16_t *p, V *lo, V *hi) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    *lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
 /* Lane j takes flat element j*W + k of v[0..W-1]: a permute and a blend per vector. */
 GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
     const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(k),

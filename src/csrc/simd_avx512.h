@@ -79,6 +79,14 @@ GDN_INLINE V vload(const float *p) { return _mm512_loadu_ps(p); }
 GDN_INLINE void vstore(float *p, V v) { _mm512_storeu_ps(p, v); }
 GDN_INLINE V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
 
+/* LANES 32-bit lanes each holding two bf16 values (vLLM's packed weight: taps 2j and
+ * 2j + 1 of a channel) as fp32: the low halves to *lo, the high halves to *hi. */
+GDN_INLINE void wpair(const uint16_t *p, V *lo, V *hi) {
+    const __m512i v = _mm512_loadu_si512(p);
+    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    *hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
 /* Lane j takes flat element j*W + k of v[0..W-1]: a two-source permute per pair of vectors. */
 GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
     const __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(k),

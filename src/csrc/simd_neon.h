@@ -68,6 +68,14 @@ GDN_INLINE V vload(const float *p) { return vld1q_f32(p); }
 GDN_INLINE void vstore(float *p, V v) { vst1q_f32(p, v); }
 GDN_INLINE V vfma(V a, V b, V c) { return vfmaq_f32(c, a, b); }
 
+/* LANES 32-bit lanes each holding two bf16 values (vLLM's packed weight: taps 2j and
+ * 2j + 1 of a channel) as fp32: the low halves to *lo, the high halves to *hi. */
+GDN_INLINE void wpair(const uint16_t *p, V *lo, V *hi) {
+    const uint32x4_t v = vld1q_u32((const uint32_t *)p);
+    *lo = vreinterpretq_f32_u32(vshlq_n_u32(v, 16));
+    *hi = vreinterpretq_f32_u32(vandq_u32(v, vdupq_n_u32(0xffff0000u)));
+}
+
 /* Lane j takes flat element j*W + k of v[0..W-1] (the weight conversion only, once per
  * unit: through memory). */
 GDN_INLINE V gather_taps(const V *v, const int W, const int k) {

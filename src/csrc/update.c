@@ -168,6 +168,7 @@ static void run_range(void *ctx, int64_t u0, int64_t u1) {
         q.weight_stride_d = 1;
         q.weight_stride_w = p->dim;
         q.weight_dtype = GDN_F32;
+        q.is_weight_packed = 0;
         q.bias = p->bias ? scratch + p->width * p->dim : NULL;
         q.bias_stride = 1;
     }
@@ -238,7 +239,7 @@ void gdn_update_run(const gdn_update_params *p, int num_threads) {
     const gdn_team team = gdn_threads_for(num_threads, units, gdn_update_bytes(p));
     run.convert = run.isa->update_fill && p->batch > team.n && p->batch > 1 &&
                   (p->width + 1) * p->dim <= GDN_SCRATCH_MAX_FLOATS &&
-                  !(p->weight_dtype == GDN_F32 && p->weight_stride_d == 1);
+                  !gdn_weight_f32_rows(p) && !gdn_weight_bf16_packed(p);
     /* A range of channels per thread (unit_of) with up to 4 requests per thread, where
      * a range's rows are at least a page (4 KiB). benchmarks/README.md (stop 41): bf16
      * D=8192, 2 threads, 32 layers B=2 9.6 -> 8.6 us, B=4 14.6 -> 14.3, from DRAM B=4

@@ -87,14 +87,31 @@ static inline void gdn_copy_rows(const gdn_update_params *p, int64_t src, int64_
 }
 
 /* ---- weights ---- */
+/* The element index of tap k of channel c in p->weight (its strides, or vLLM's packed
+ * layout: gdnconv.h). */
+GDN_INLINE int64_t gdn_weight_index(const gdn_update_params *p, int64_t c, int64_t k) {
+    return p->is_weight_packed ? (c >> 5) * 128 + (k >> 1) * 64 + (c & 31) * 2 + (k & 1)
+                               : c * p->weight_stride_d + k * p->weight_stride_w;
+}
+
+/* fp32 weights with unit channel stride (pack_weight's layout), which every kernel
+ * reads in place. */
+GDN_INLINE int gdn_weight_f32_rows(const gdn_update_params *p) {
+    return p->weight_dtype == GDN_F32 && p->weight_stride_d == 1 && !p->is_weight_packed;
+}
+
+/* bf16 weights in vLLM's packed layout, which the SIMD kernels read in place. */
+GDN_INLINE int gdn_weight_bf16_packed(const gdn_update_params *p) {
+    return p->is_weight_packed && p->weight_dtype == GDN_BF16;
+}
+
 /* Weights and bias of channels [c0, c0 + n) as fp32, tap-major: w[k * ld + c]. */
 GDN_INLINE void gdn_fill_weights(const gdn_update_params *p, int64_t c0, int64_t n, float *w,
                                  int64_t ld, float *b, int wdt) {
     const int64_t W = p->width;
     for (int64_t c = 0; c < n; c++) {
-        const int64_t row = (c0 + c) * p->weight_stride_d;
         for (int64_t k = 0; k < W; k++)
-            w[k * ld + c] = gdn_raw_to_float(gdn_load_raw(p->weight, row + k * p->weight_stride_w, wdt), wdt);
+            w[k * ld + c] = gdn_raw_to_float(gdn_load_raw(p->weight, gdn_weight_index(p, c0 + c, k), wdt), wdt);
         b[c] = p->bias ? gdn_raw_to_float(gdn_load_raw(p->bias, (c0 + c) * p->bias_stride, wdt), wdt) : 0.0f;
     }
 }

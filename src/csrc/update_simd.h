@@ -8,6 +8,8 @@
  *   vsilu_n(y, n, dt)     silu of n vectors in place, each step across all n
  *   gather_taps(v, W, k)  tap k of LANES channels from W vectors holding [LANES, W]
  *   taps16(src, wdt, W, t)  optional (SIMD_TAPS16): the same for 16-bit weights, W <= 4
+ *   wpair(src, lo, hi)    LANES 32-bit lanes of bf16 pairs as fp32, low halves to *lo,
+ *                         high halves to *hi (vLLM's packed weight: gdnconv.h)
  *   st2_native(p, lo, hi)   optional (SIMD_ST2_NATIVE): store two vectors of dtype
  *                           GDN_BF16_NATIVE, lo then hi, exactly as two st_raw(from_f32)
  *   GDN_SIMD_OPAQUE(v)      an empty asm statement that keeps v in a register
@@ -217,6 +219,30 @@ GDN_INLINE void simd_prefetch(const simd_next *nx, int64_t o) {
     for (int k = nx->nr; k < nx->nr + nx->nw; k++) SIMD_PREFETCH_W(nx->row[k] + o);
 }
 
+/* A unit's weights as the line steps read them, channel 0 the unit's first: W fp32 tap
+ * rows (row[k][c]), or, where the kernel is instantiated with WP = 1, vLLM's packed bf16
+ * weight (W = 4; gdnconv.h), whose 32-bit lanes hold two taps each, so a tap costs half
+ * the bytes of a fp32 row and one integer operation (wpair); and the fp32 bias. */
+typedef struct {
+    const float *row[GDN_MAX_WIDTH];
+    const uint16_t *packed;
+    const float *bias;
+} simd_weights;
+
+/* Taps of the LANES channels at c into w[k][v], and their bias into b[v]. */
+GDN_INLINE void simd_taps(const simd_weights *wt, int64_t c, V w[][4], V *b, const int v, const int W,
+                          const int WP) {
+    b[v] = vload(wt->bias + c);
+    if (WP) {   /* (W = 4) pairs (0, 1) and (2, 3) of a 32-channel group, 64 words apart */
+        const uint16_t *s = wt->packed + (c >> 5) * 128 + (c & 31) * 2;
+        wpair(s, &w[0][v], &w[1][v]);
+        wpair(s + 64, &w[2][v], &w[3][v]);
+    } else {
+#pragma GCC unroll 8
+        for (int k = 0; k < W; k++) w[k][v] = vload(wt->row[k] + c);
+    }
+}
+
 /* Line steps of channels [ca, cb) (offsets in the unit's block) of one slab: its nt
  * tokens staged in buf rows H.. (bs bytes apart), outputs to os rows ot bytes apart; NV
  * vectors a step (a constant: update_simd.h's 64-byte line, or twice that for a single
@@ -224,8 +250,8 @@ GDN_INLINE void simd_prefetch(const simd_next *nx, int64_t o) {
  * 4 / NV vectors' worth, the remainder in halving groups. With prefetch, a line of each
  * of the next unit's rows per GDN_PF_EVERY bytes of the step. */
 GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, int64_t ca, int64_t cb, int64_t nt,
-                           const float *const *wrow, const float *brow, const simd_next *nx, int prefetch,
-                           const int NV, const int dt, const int W, const int silu) {
+                           const simd_weights *wt, const simd_next *nx, int prefetch, const int NV, const int dt,
+                           const int W, const int silu, const int WP) {
     const int H = W - 1, G = 4 / NV;
     const int64_t e = gdn_elsize(dt), step = NV * LANES;
     for (int64_t c = ca; c < cb; c += step) {
@@ -235,9 +261,7 @@ GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, in
                 if (o % GDN_PF_EVERY == 0) simd_prefetch(nx, o);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
-            b[v] = vload(brow + c + v * LANES);
-#pragma GCC unroll 8
-            for (int k = 0; k < W; k++) w[k][v] = vload(wrow[k] + c + v * LANES);
+            simd_taps(wt, c + v * LANES, w, b, v, W, WP);
 #pragma GCC unroll 8
             for (int k = 0; k < H; k++) hf[k][v] = to_f32(ld_raw(buf + k * bs + (c + v * LANES) * e, dt), dt);
         }
@@ -261,18 +285,14 @@ GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, in
  * simd_tokens' on the same fp32 values, so they equal the staged path's bit for bit.
  * (Two groups a step, as the staged path's one-token steps take, measured 1.15x slower:
  * the registers do not hold them.) */
-GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, char *os, int64_t c, const float *const *wrow,
-                           const float *brow, const simd_next *nx, const tc_t1_plan *t, const int dt, const int W,
-                           const int silu) {
+GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, char *os, int64_t c, const simd_weights *wt,
+                           const simd_next *nx, const tc_t1_plan *t, const int dt, const int W, const int silu,
+                           const int WP) {
     const int H = W - 1;
     V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
     if (c * 2 % GDN_PF_EVERY == 0) simd_prefetch(nx, c * 2);
 #pragma GCC unroll 2
-    for (int v = 0; v < 2; v++) {
-        b[v] = vload(brow + c + v * LANES);
-#pragma GCC unroll 8
-        for (int k = 0; k < W; k++) w[k][v] = vload(wrow[k] + c + v * LANES);
-    }
+    for (int v = 0; v < 2; v++) simd_taps(wt, c + v * LANES, w, b, v, W, WP);
     char *blk = st + 2 * c * sd;
     /* bf16: the plan's vectors loaded where used, not held in registers across steps
      * (the compiler spilled the token routine's vectors instead: ds/sd 1.25 -> 1.14);
@@ -294,8 +314,7 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, char *os, int6
 /* The unit's one-token requests (the others: simd_unit), for constant dtype, width and
  * activation. */
 GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t nline,
-                               const float *const *wrow, const float *brow, const int dt, const int W,
-                               const int silu) {
+                               const simd_weights *wt, const int dt, const int W, const int silu, const int WP) {
     const int sd = (int)p->state_stride_d;
     tc_t1_plan t;
     tc_t1_plan_make(&t, sd, W - 1, (int)p->state_len, dt);
@@ -308,7 +327,7 @@ GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r
         const char *x = r.x + 2 * c0;
         char *os = r.out + 2 * c0;
         int64_t c = 0;
-#define TC_T1_SD(SD) for (; c < nline; c += 32) tc_t1_step(st, SD, x, os, c, wrow, brow, &nx, &t, dt, W, silu);
+#define TC_T1_SD(SD) for (; c < nline; c += 32) tc_t1_step(st, SD, x, os, c, wt, &nx, &t, dt, W, silu, WP);
         switch (sd) {
         case 2: TC_T1_SD(2) break;
         case 3: TC_T1_SD(3) break;
@@ -322,13 +341,16 @@ GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r
  * for every instantiation of simd_unit, not inlined into it, whose staged path ran 28%
  * slower when this shared its frame and registers. */
 static GDN_NOINLINE void tc_t1_unit(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t nline,
-                                    const float *const *wrow, const float *brow, const int dt, const int silu) {
+                                    const simd_weights *wt, const int dt, const int silu) {
 #define TC_T1_W(DT, S)                                                                          \
     switch (p->width) {                                                                         \
-    case 2: tc_t1_requests(p, r0, r1, c0, nline, wrow, brow, DT, 2, S); break;                  \
-    case 3: tc_t1_requests(p, r0, r1, c0, nline, wrow, brow, DT, 3, S); break;                  \
-    case 4: tc_t1_requests(p, r0, r1, c0, nline, wrow, brow, DT, 4, S); break;                  \
-    default: tc_t1_requests(p, r0, r1, c0, nline, wrow, brow, DT, 5, S); break;                 \
+    case 2: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 2, S, 0); break;                       \
+    case 3: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 3, S, 0); break;                       \
+    case 4:                                                                                     \
+        if (DT != GDN_F16 && wt->packed) tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 4, S, 1); \
+        else tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 4, S, 0);                             \
+        break;                                                                                  \
+    default: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 5, S, 0); break;                      \
     }
 #define TC_T1_DT(S)                                                                             \
     switch (dt) {                                                                               \
@@ -358,8 +380,7 @@ static GDN_NOINLINE void tc_t1_unit(const gdn_update_params *p, int64_t r0, int6
  *   with weights and history in registers, and writes out. Everything is read
  *   before anything is written, so out may be x. */
 GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
-                          const float *const *wrow, const float *brow, const int dt, const int W,
-                          const int silu) {
+                          const simd_weights *wt, const int dt, const int W, const int silu, const int WP) {
     const int H = W - 1;
     const int64_t e = gdn_elsize(dt), ve = LANES * e, sl = p->state_stride_l * e;
     const int64_t sd = p->state_stride_d;   /* 1, or > 1: time-contiguous */
@@ -372,7 +393,7 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
 #ifdef TC_T1
     /* one-token plain decode of a 16-bit time-contiguous state: in place (tc_t1_unit) */
     const int t1 = e == 2 && !spec && sd > 1 && sd <= TC_T1_MAX_SD && H <= sd && nline > 0;
-    if (t1) tc_t1_unit(p, r0, r1, c0, nline, wrow, brow, dt, silu);
+    if (t1) tc_t1_unit(p, r0, r1, c0, nline, wt, dt, silu);
 #endif
     for (int64_t i = r0; i < r1; i++) {
         const gdn_request r = gdn_get_request(p, i);
@@ -407,11 +428,11 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
                  * independent chains as a group of tokens has (the SiLU chain is long) */
                 const int NVW = NV < 4 ? 2 * NV : 4;
                 const int64_t wide = nt == 1 ? nline / (NVW * LANES) * (NVW * LANES) : 0;
-                simd_lines(buf, bs, os, ot, 0, wide, nt, wrow, brow, &nx, t0 == 0, NVW, dt, W, silu);
+                simd_lines(buf, bs, os, ot, 0, wide, nt, wt, &nx, t0 == 0, NVW, dt, W, silu, WP);
 #else
                 const int64_t wide = 0;
 #endif
-                simd_lines(buf, bs, os, ot, wide, nline, nt, wrow, brow, &nx, t0 == 0, NV, dt, W, silu);
+                simd_lines(buf, bs, os, ot, wide, nline, nt, wt, &nx, t0 == 0, NV, dt, W, silu, WP);
                 if (t0 + nt < r.T)  /* the last H inputs become the next slab's window */
                     simd_copy(buf, buf + nt * bs, H * bs);
             }
@@ -424,13 +445,13 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
 
 #define SIMD_UNIT_WIDTHS(dt, silu)                                                      \
     switch (p->width) {                                                                 \
-    case 2: simd_unit(p, r0, r1, c0, c1, wrow, brow, dt, 2, silu); break;               \
-    case 3: simd_unit(p, r0, r1, c0, c1, wrow, brow, dt, 3, silu); break;               \
-    case 4: simd_unit(p, r0, r1, c0, c1, wrow, brow, dt, 4, silu); break;               \
-    case 5: simd_unit(p, r0, r1, c0, c1, wrow, brow, dt, 5, silu); break;               \
-    case 6: simd_unit(p, r0, r1, c0, c1, wrow, brow, dt, 6, silu); break;               \
-    case 7: simd_unit(p, r0, r1, c0, c1, wrow, brow, dt, 7, silu); break;               \
-    default: simd_unit(p, r0, r1, c0, c1, wrow, brow, dt, 8, silu); break;              \
+    case 2: simd_unit(p, r0, r1, c0, c1, &wt, dt, 2, silu, 0); break;                   \
+    case 3: simd_unit(p, r0, r1, c0, c1, &wt, dt, 3, silu, 0); break;                   \
+    case 4: simd_unit(p, r0, r1, c0, c1, &wt, dt, 4, silu, 0); break;                   \
+    case 5: simd_unit(p, r0, r1, c0, c1, &wt, dt, 5, silu, 0); break;                   \
+    case 6: simd_unit(p, r0, r1, c0, c1, &wt, dt, 6, silu, 0); break;                   \
+    case 7: simd_unit(p, r0, r1, c0, c1, &wt, dt, 7, silu, 0); break;                   \
+    default: simd_unit(p, r0, r1, c0, c1, &wt, dt, 8, silu, 0); break;                  \
     }
 
 #define SIMD_UNIT_DTYPES(silu)                                                          \
@@ -478,24 +499,38 @@ GDN_INLINE void simd_fill_weights(const gdn_update_params *p, int64_t c0, int64_
     default: simd_fill_weights(p, c0, nvec, w, ld, wdt, 8); break;                        \
     }
 
+/* The bias of channels [c0, c0 + n) as fp32 (n a multiple of LANES). */
+GDN_INLINE void simd_fill_bias(const gdn_update_params *p, int64_t c0, int64_t n, float *b) {
+    const int wdt = p->weight_dtype;
+    if (p->bias && p->bias_stride == 1) {
+        for (int64_t c = 0; c < n; c += LANES)
+            vstore(b + c, to_f32(ld_raw((const char *)p->bias + gdn_elsize(wdt) * (c0 + c), wdt), wdt));
+    } else {
+        gdn_fill_bias(p, c0, n, b);
+    }
+}
+
 /* Weights and bias of channels [c0, c1) as fp32, tap-major (w[k * ld + c], b[c]):
  * whole vectors here, the rest through the scalar conversion. */
 GDN_INLINE void simd_fill(const gdn_update_params *p, int64_t c0, int64_t c1, float *w, int64_t ld, float *b) {
     const int64_t nvec = (c1 - c0) / LANES * LANES;
     const int wdt = p->weight_dtype;
-    if (p->weight_stride_w == 1 && p->weight_stride_d == p->width) {
+    if (gdn_weight_bf16_packed(p)) {   /* (c0 is a multiple of 32: a block's or the call's first) */
+        for (int64_t c = 0; c < nvec; c += LANES) {
+            const uint16_t *s = (const uint16_t *)p->weight + ((c0 + c) >> 5) * 128 + ((c0 + c) & 31) * 2;
+            V t[4];
+            wpair(s, &t[0], &t[1]);
+            wpair(s + 64, &t[2], &t[3]);
+            for (int k = 0; k < 4; k++) vstore(w + k * ld + c, t[k]);
+        }
+    } else if (p->weight_stride_w == 1 && p->weight_stride_d == p->width && !p->is_weight_packed) {
         if (wdt == GDN_F32) SIMD_FILL_WIDTHS(GDN_F32)
         else if (wdt == GDN_F16) SIMD_FILL_WIDTHS(GDN_F16)
         else SIMD_FILL_WIDTHS(GDN_BF16)
     } else {
         gdn_fill_weights_any(p, c0, nvec, w, ld, b);
     }
-    if (p->bias && p->bias_stride == 1) {
-        for (int64_t c = 0; c < nvec; c += LANES)
-            vstore(b + c, to_f32(ld_raw((const char *)p->bias + gdn_elsize(wdt) * (c0 + c), wdt), wdt));
-    } else {
-        gdn_fill_bias(p, c0, nvec, b);
-    }
+    simd_fill_bias(p, c0, nvec, b);
     if (nvec < c1 - c0) gdn_fill_weights_any(p, c0 + nvec, c1 - c0 - nvec, w + nvec, ld, b + nvec);
 }
 
@@ -505,20 +540,31 @@ GDN_INLINE void simd_fill(const gdn_update_params *p, int64_t c0, int64_t c1, fl
 GDN_INLINE void simd_kernel(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                             const int bf16_native) {
     /* fp32 weights with unit channel stride (pack_weight's layout, or the call's
-     * converted copy: see update.c) are read in place; any other weights are
-     * converted once per unit, tap-major. */
+     * converted copy: see update.c) and vLLM's packed bf16 weight are read in place;
+     * any other weights are converted once per unit, tap-major. */
     GDN_ALIGN64 float wbuf[GDN_MAX_WIDTH][GDN_BLOCK_CHANNELS];
     GDN_ALIGN64 float bbuf[GDN_BLOCK_CHANNELS];
-    const float *wrow[GDN_MAX_WIDTH];
-    const float *brow = bbuf;
+    simd_weights wt = {{NULL}, NULL, bbuf};
     const int64_t nvec = (c1 - c0) / LANES * LANES;
-    if (p->weight_dtype == GDN_F32 && p->weight_stride_d == 1) {
-        for (int64_t k = 0; k < p->width; k++) wrow[k] = (const float *)p->weight + c0 + k * p->weight_stride_w;
-        if (p->bias && p->bias_stride == 1) brow = (const float *)p->bias + c0;
+    if (gdn_weight_f32_rows(p)) {
+        for (int64_t k = 0; k < p->width; k++) wt.row[k] = (const float *)p->weight + c0 + k * p->weight_stride_w;
+        if (p->bias && p->bias_stride == 1) wt.bias = (const float *)p->bias + c0;
         else gdn_fill_bias(p, c0, nvec, bbuf);
+    } else if (gdn_weight_bf16_packed(p)) {   /* (x is bf16 too, W = 4; c0 a multiple of 32) */
+        wt.packed = (const uint16_t *)p->weight + c0 * 4;
+        simd_fill_bias(p, c0, nvec, bbuf);
+        if (bf16_native) {
+            if (p->silu) simd_unit(p, r0, r1, c0, c1, &wt, GDN_BF16_NATIVE, 4, 1, 1);
+            else simd_unit(p, r0, r1, c0, c1, &wt, GDN_BF16_NATIVE, 4, 0, 1);
+        } else if (p->silu) {
+            simd_unit(p, r0, r1, c0, c1, &wt, GDN_BF16, 4, 1, 1);
+        } else {
+            simd_unit(p, r0, r1, c0, c1, &wt, GDN_BF16, 4, 0, 1);
+        }
+        return;
     } else {
         simd_fill(p, c0, c0 + nvec, &wbuf[0][0], GDN_BLOCK_CHANNELS, bbuf);
-        for (int64_t k = 0; k < p->width; k++) wrow[k] = wbuf[k];
+        for (int64_t k = 0; k < p->width; k++) wt.row[k] = wbuf[k];
     }
     if (bf16_native) {
         if (p->silu) SIMD_UNIT_WIDTHS(GDN_BF16_NATIVE, 1)

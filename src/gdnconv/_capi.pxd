@@ -37,6 +37,7 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
         int64_t state_stride_s, state_stride_l, state_stride_d
         const void *weight
         int64_t weight_stride_d, weight_stride_w
+        int is_weight_packed
         const void *bias
         int64_t bias_stride
         const int32_t *conv_state_indices

@@ -141,6 +141,13 @@ cdef int _refuse_autograd(object a, str name) except -1:
 
 # ------------------------------------------------------- arguments every op checks
 
+cdef bint _flag(object value, str name) except -1:
+    """A bool argument (Python's or NumPy's); TypeError naming it for anything else."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
 cdef int _silu_flag(object activation) except -1:
     """1 for SiLU ("silu", "swish", True as vLLM takes), 0 for None/False."""
     if activation is None or activation is False:
@@ -163,16 +170,19 @@ cdef int64_t _pad_slot(object pad_slot_id) except? -1:
     return pad_slot_id
 
 
-cdef int _weights(list keep, View *wv, View *bv, object weight, object bias, object x, int dt) except -1:
+cdef int _weights(list keep, View *wv, View *bv, object weight, object bias, object x, int dt,
+                  bint packed) except -1:
     """Views of weight (D, W) and bias (D,) with their checks against x's dtype (keep
-    gets what owns their memory); returns the weight dtype code."""
+    gets what owns their memory), and with packed (is_weight_packed) the checks of vLLM's
+    packed layout; returns the weight dtype code."""
     cdef int wdt
     keep.append(_view(weight, wv, "weight"))
     wdt = _dtype_of(wv, weight, "weight")
     if wdt != dt and wdt != GDN_F32:
+        fix = ("the packed weight in x's dtype or as float32 (a float32 copy keeps the layout)" if packed else
+               "weights of x's dtype, or float32 weights (gdnconv.pack_weight)")
         raise TypeError(f"weight dtype {_dtype_name(weight)} does not match x dtype {_dtype_name(x)}: "
-                        f"pass weights of x's dtype, or float32 weights (gdnconv.pack_weight) with a "
-                        f"float32 bias")
+                        f"pass {fix} with a float32 bias")
     if bias is not None:
         keep.append(_view(bias, bv, "bias"))
         if _dtype_of(bv, bias, "bias") != wdt:
@@ -190,6 +200,12 @@ cdef int _weights(list keep, View *wv, View *bv, object weight, object bias, obj
                 else "")
         raise ValueError(f"width W = weight.shape[1] = {wv.shape[1]} is outside "
                          f"{GDN_MIN_WIDTH}..{GDN_MAX_WIDTH} (weight shape {tuple(weight.shape)}){hint}")
+    if packed and (wv.shape[1] != 4 or wv.shape[0] % 32 or wv.strides[0] != 4 or wv.strides[1] != 1):
+        got = (f"shape {tuple(weight.shape)}" if wv.shape[1] != 4 or wv.shape[0] % 32 else
+               f"a view with strides ({wv.strides[0]}, {wv.strides[1]}) in elements, not contiguous")
+        raise ValueError(f"weight with is_weight_packed=True must be in vLLM's packed layout "
+                         f"(causal_conv1d_weight_pack's): a contiguous (D, 4) array with D a multiple of 32, "
+                         f"got {got}; pass the plain (D, W) weight with is_weight_packed=False")
     if bias is not None and (bv.ndim != 1 or bv.shape[0] != wv.shape[0]):
         raise ValueError(f"bias must have shape ({wv.shape[0]},) to match weight {tuple(weight.shape)}, "
                          f"got {tuple(bias.shape)}")

@@ -11,6 +11,7 @@ cdef class _Prefill:
     cdef object flags           # has_initial_state as a private (B,) uint8 copy, or None
     cdef object snaps           # snapshots as a private (K, 3) int32 copy, or None
     cdef bint out_is_x, varlen, has_state
+    cdef bint packed            # is_weight_packed: the weight in vLLM's packed layout
     cdef bint vllm              # arguments in vLLM's order (gdnconv.vllm): x and out (D, N), state (S, D, L)
     cdef int64_t B, T, N, S, L, D, W, pad_slot_id
     cdef int dt, wdt, silu
@@ -93,7 +94,7 @@ cdef int _check_prefill(_Prefill c, x, weight, bias, activation, conv_state, que
         memset(&c.sv, 0, sizeof(View))
         c.sv.ndim = 3
         c.sv.itemsize = c.xv.itemsize
-    c.wdt = _weights(c.keep, &c.wv, &c.bv, weight, bias, x, c.dt)
+    c.wdt = _weights(c.keep, &c.wv, &c.bv, weight, bias, x, c.dt, c.packed)
     if out is not None:
         c.keep.append(_view(out, &c.ov, "out"))
         _vllm_tokens(&c.ov, c.vllm)
@@ -221,6 +222,7 @@ cdef int _prefill_params(_Prefill c, bint has_bias, bint has_idx, bint zero_skip
         p.state_stride_s, p.state_stride_l, p.state_stride_d = c.sv.strides[0], c.sv.strides[1], c.sv.strides[2]
     p.weight = c.wv.ptr
     p.weight_stride_d, p.weight_stride_w = c.wv.strides[0], c.wv.strides[1]
+    p.is_weight_packed = c.packed
     if has_bias:
         p.bias = c.bv.ptr
         p.bias_stride = c.bv.strides[0]
@@ -247,7 +249,7 @@ cdef int _prefill_params(_Prefill c, bint has_bias, bint has_idx, bint zero_skip
 @cython.embedsignature.format("clinic")
 def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
                  cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None, num_threads=None,
-                 initial_state_indices=None, snapshots=None):
+                 initial_state_indices=None, snapshots=None, is_weight_packed=False):
     """Causal conv1d over whole prompts (prefill), seeding each request's conv state.
 
     Semantics follow vLLM's ``causal_conv1d_fn`` (its CPU op ``causal_conv1d_fwd_cpu``);
@@ -309,6 +311,9 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
             ``n = num_computed_tokens[i]``, the boundaries ``p = k b - n`` with
             ``0 < p < T_i`` go to ``idx[i, block_idx_first_scheduled_token[i] + j]``
             in order (``gdnconv.vllm`` builds the rows).
+        is_weight_packed: True when ``weight`` is in vLLM's packed layout (see
+            ``conv_update_multi``): a contiguous ``(D, 4)`` array, ``D`` a multiple
+            of 32; converted once per call, the outputs the plain weight's.
 
     Returns:
         ``out`` (a new NumPy array or torch tensor like ``x`` when not given).
@@ -330,11 +335,15 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
             by a ``__torch_function__`` override during it), an inference tensor
             ``conv_state``/``out`` outside ``torch.inference_mode()``, ``pad_slot_id``
             outside the int32 range, ``initial_state_indices`` or ``snapshots`` not
-            as described above (or given without ``conv_state``).
+            as described above (or given without ``conv_state``), a weight with
+            ``is_weight_packed=True`` that is not a contiguous ``(D, 4)`` array with
+            ``D`` a multiple of 32.
         MemoryError: no memory for the weight conversion.
         Nothing is written when an exception is raised.
     """
-    return _prefill(_Prefill(), x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
+    cdef _Prefill c = _Prefill()
+    c.packed = _flag(is_weight_packed, "is_weight_packed")
+    return _prefill(c, x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
                     has_initial_state, pad_slot_id, out, num_threads, initial_state_indices, snapshots)
 
 
@@ -344,11 +353,12 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
 @cython.embedsignature.format("clinic")
 def _conv_prefill_vllm(x, weight, bias=None, *, activation=None, conv_state=None, query_start_loc=None,
                        cache_indices=None, has_initial_state=None, pad_slot_id=-1, initial_state_indices=None,
-                       snapshots=None):
+                       snapshots=None, is_weight_packed=False):
     """conv_prefill on tensors in vLLM's order (gdnconv.vllm): x (D, N), conv_state (S, D, L);
     read as gdnconv's views, no transposed tensors made. Returns a new (D, N) tensor whose
     memory is (N, D), channels last. Errors name the caller's shapes."""
     cdef _Prefill c = _Prefill()
+    c.packed = _flag(is_weight_packed, "is_weight_packed")
     c.vllm = True
     return _prefill(c, x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
                     has_initial_state, pad_slot_id, None, None, initial_state_indices, snapshots)

@@ -8,6 +8,7 @@ cdef class _Update:
     cdef View xv, sv, wv, bv, ov, iv, nv, qv, rv
     cdef list keep
     cdef bint out_is_x, varlen
+    cdef bint packed            # is_weight_packed: the weight in vLLM's packed layout
     cdef bint vllm              # arguments in vLLM's order (gdnconv.vllm): state (S, D, L), x (B, D, T)
     cdef bint vllm_x            # x and out in vLLM's (B, D, T) order (vllm, but for vLLM's C++ op's (B, T, D))
     cdef int64_t B, T, N, S, L, D, W, pad_slot_id
@@ -49,7 +50,7 @@ cdef int _check_update(_Update c, x, conv_state, weight, bias, activation, num_a
     c.dt = _dtype_of(&c.xv, x, "x")
     if _dtype_of(&c.sv, conv_state, "conv_state") != c.dt:
         raise TypeError(f"conv_state dtype {_dtype_name(conv_state)} does not match x dtype {_dtype_name(x)}")
-    c.wdt = _weights(c.keep, &c.wv, &c.bv, weight, bias, x, c.dt)
+    c.wdt = _weights(c.keep, &c.wv, &c.bv, weight, bias, x, c.dt, c.packed)
     if out is x:         # written in place (gdnconv.vllm's out=None): x's view, read once
         c.ov = c.xv
     elif out is not None:
@@ -191,6 +192,7 @@ cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bi
     p.state_stride_s, p.state_stride_l, p.state_stride_d = c.sv.strides[0], c.sv.strides[1], c.sv.strides[2]
     p.weight = c.wv.ptr
     p.weight_stride_d, p.weight_stride_w = c.wv.strides[0], c.wv.strides[1]
+    p.is_weight_packed = c.packed
     if has_bias:
         p.bias = c.bv.ptr
         p.bias_stride = c.bv.strides[0]
@@ -214,7 +216,8 @@ cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bi
 @cython.embedsignature.format("clinic")
 def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
                       num_accepted_tokens=None, conv_state_indices=None, query_start_loc=None,
-                      pad_slot_id=-1, out=None, num_threads=None, initial_state_indices=None):
+                      pad_slot_id=-1, out=None, num_threads=None, initial_state_indices=None,
+                      is_weight_packed=False):
     """Causal conv1d decode/speculative update with a rolling per-slot state.
 
     Semantics follow vLLM's ``causal_conv1d_update`` (CPU and Triton paths); the
@@ -269,6 +272,12 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             slot must be in range and not written by another request of the call
             (several requests may read one); in speculative mode a read slot other
             than the write slot needs ``num_accepted_tokens[i] <= T_i``.
+        is_weight_packed: True when ``weight`` is in vLLM's packed layout (what
+            vLLM's ``causal_conv1d_weight_pack`` makes of a bf16 width-4 conv weight at
+            load on AVX512-BF16 and aarch64-BF16 hosts; ``gdnconv.vllm.unpack_weight``
+            spells it out): a contiguous ``(D, 4)`` array, ``D`` a multiple of 32. A
+            bf16 one is read in place, at half the bytes of a float32 weight; the
+            outputs are the plain weight's, bit for bit.
 
     Returns:
         ``out`` (a new NumPy array or torch tensor like ``x`` when not given).
@@ -291,10 +300,13 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
             ``__torch_function__`` override during it), an inference tensor
             ``conv_state``/``out`` outside ``torch.inference_mode()``, ``pad_slot_id``
             outside the int32 range, an ``initial_state_indices`` entry out of range or
-            written by another request.
+            written by another request, a weight with ``is_weight_packed=True`` that
+            is not a contiguous ``(D, 4)`` array with ``D`` a multiple of 32.
         Nothing is written when an exception is raised.
     """
-    return _update(_Update(), x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+    cdef _Update c = _Update()
+    c.packed = _flag(is_weight_packed, "is_weight_packed")
+    return _update(c, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
                    query_start_loc, pad_slot_id, out, num_threads, initial_state_indices)
 
 
@@ -304,7 +316,7 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
 @cython.embedsignature.format("clinic")
 def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
                       conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
-                      initial_state_indices=None, plain_tensors=False, tokens_last=False):
+                      initial_state_indices=None, plain_tensors=False, tokens_last=False, is_weight_packed=False):
     """conv_update_multi on tensors in vLLM's order (gdnconv.vllm): conv_state (S, D, L), a 3-D
     x and out (B, D, T), or (B, T, D) with tokens_last (vLLM's C++ op's order: the plugin's
     drop-in); read as gdnconv's views, no transposed tensors made. Errors name the
@@ -314,6 +326,7 @@ def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_
     weights; TypeError for anything else, before any of them is read), so that a refused try
     runs no user code (no __array__, no subclass's __torch_function__)."""
     cdef _Update c = _Update()
+    c.packed = _flag(is_weight_packed, "is_weight_packed")
     c.vllm = True
     c.vllm_x = not tokens_last
     if plain_tensors:

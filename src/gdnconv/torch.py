@@ -38,50 +38,54 @@ _ARGS = ("Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, str? act
 _lib = torch.library.Library("gdnconv", "DEF")
 # num_threads last, with a default: positional calls that end at pad_slot_id (or out) still match
 # prefix caching's arguments after them, with defaults too
-_lib.define(f"conv_update_multi({_ARGS}, int? num_threads=None, Tensor? initial_state_indices=None) -> Tensor")
+_lib.define(f"conv_update_multi({_ARGS}, int? num_threads=None, Tensor? initial_state_indices=None, "
+            f"bool is_weight_packed=False) -> Tensor")
 _lib.define(f"conv_update_multi_out({_ARGS}, Tensor(b!) out, int? num_threads=None, "
-            f"Tensor? initial_state_indices=None) -> ()")
+            f"Tensor? initial_state_indices=None, bool is_weight_packed=False) -> ()")
 _PREFILL_ARGS = ("Tensor x, Tensor weight, Tensor? bias, str? activation, Tensor(a!)? conv_state, "
                  "Tensor? query_start_loc, Tensor? cache_indices, Tensor? has_initial_state, int pad_slot_id, "
                  "int? num_threads")
-_PREFILL_CACHE = "Tensor? initial_state_indices=None, Tensor? snapshots=None"
+_PREFILL_CACHE = "Tensor? initial_state_indices=None, Tensor? snapshots=None, bool is_weight_packed=False"
 _lib.define(f"conv_prefill({_PREFILL_ARGS}, {_PREFILL_CACHE}) -> Tensor")
 _lib.define(f"conv_prefill_out({_PREFILL_ARGS}, Tensor(b!) out, {_PREFILL_CACHE}) -> ()")
 
 
 def _op(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices, query_start_loc,
-        pad_slot_id, num_threads=None, initial_state_indices=None):
+        pad_slot_id, num_threads=None, initial_state_indices=None, is_weight_packed=False):
     out = _core.conv_update_multi(x, conv_state, weight, bias, activation=activation,
                                   num_accepted_tokens=num_accepted_tokens,
                                   conv_state_indices=conv_state_indices,
                                   query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, num_threads=num_threads,
-                                  initial_state_indices=initial_state_indices)
+                                  initial_state_indices=initial_state_indices, is_weight_packed=is_weight_packed)
     return out if out.is_contiguous() else out.contiguous()
 
 
 def _op_out(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-            query_start_loc, pad_slot_id, out, num_threads=None, initial_state_indices=None):
+            query_start_loc, pad_slot_id, out, num_threads=None, initial_state_indices=None, is_weight_packed=False):
     _core.conv_update_multi(x, conv_state, weight, bias, activation=activation,
                             num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                             query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=out,
-                            num_threads=num_threads, initial_state_indices=initial_state_indices)
+                            num_threads=num_threads, initial_state_indices=initial_state_indices,
+                            is_weight_packed=is_weight_packed)
 
 
 def _prefill(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
-             pad_slot_id, num_threads, initial_state_indices=None, snapshots=None):
+             pad_slot_id, num_threads, initial_state_indices=None, snapshots=None, is_weight_packed=False):
     out = _core.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
                           query_start_loc=query_start_loc, cache_indices=cache_indices,
                           has_initial_state=has_initial_state, pad_slot_id=pad_slot_id, num_threads=num_threads,
-                          initial_state_indices=initial_state_indices, snapshots=snapshots)
+                          initial_state_indices=initial_state_indices, snapshots=snapshots,
+                          is_weight_packed=is_weight_packed)
     return out if out.is_contiguous() else out.contiguous()
 
 
 def _prefill_out(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
-                 pad_slot_id, num_threads, out, initial_state_indices=None, snapshots=None):
+                 pad_slot_id, num_threads, out, initial_state_indices=None, snapshots=None, is_weight_packed=False):
     _core.conv_prefill(x, weight, bias, activation=activation, conv_state=conv_state,
                     query_start_loc=query_start_loc, cache_indices=cache_indices,
                     has_initial_state=has_initial_state, pad_slot_id=pad_slot_id, num_threads=num_threads,
-                    out=out, initial_state_indices=initial_state_indices, snapshots=snapshots)
+                    out=out, initial_state_indices=initial_state_indices, snapshots=snapshots,
+                    is_weight_packed=is_weight_packed)
 
 
 _lib.impl("conv_update_multi", _op, "CPU")
@@ -104,7 +108,7 @@ def _one_device(op, **tensors):
 
 @torch.library.register_fake("gdnconv::conv_update_multi", lib=_lib)
 def _op_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-             query_start_loc, pad_slot_id, num_threads=None, initial_state_indices=None):
+             query_start_loc, pad_slot_id, num_threads=None, initial_state_indices=None, is_weight_packed=False):
     _one_device("conv_update_multi", x=x, conv_state=conv_state, weight=weight, bias=bias,
                 num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                 query_start_loc=query_start_loc, initial_state_indices=initial_state_indices)
@@ -113,7 +117,8 @@ def _op_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_
 
 @torch.library.register_fake("gdnconv::conv_update_multi_out", lib=_lib)
 def _op_out_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-                 query_start_loc, pad_slot_id, out, num_threads=None, initial_state_indices=None):
+                 query_start_loc, pad_slot_id, out, num_threads=None, initial_state_indices=None,
+                 is_weight_packed=False):
     _one_device("conv_update_multi_out", x=x, conv_state=conv_state, weight=weight, bias=bias,
                 num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                 query_start_loc=query_start_loc, out=out, initial_state_indices=initial_state_indices)
@@ -122,7 +127,7 @@ def _op_out_fake(x, conv_state, weight, bias, activation, num_accepted_tokens, c
 
 @torch.library.register_fake("gdnconv::conv_prefill", lib=_lib)
 def _prefill_fake(x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
-                  pad_slot_id, num_threads, initial_state_indices=None, snapshots=None):
+                  pad_slot_id, num_threads, initial_state_indices=None, snapshots=None, is_weight_packed=False):
     _one_device("conv_prefill", x=x, weight=weight, bias=bias, conv_state=conv_state,
                 query_start_loc=query_start_loc, cache_indices=cache_indices, has_initial_state=has_initial_state,
                 initial_state_indices=initial_state_indices, snapshots=snapshots)
@@ -131,7 +136,8 @@ def _prefill_fake(x, weight, bias, activation, conv_state, query_start_loc, cach
 
 @torch.library.register_fake("gdnconv::conv_prefill_out", lib=_lib)
 def _prefill_out_fake(x, weight, bias, activation, conv_state, query_start_loc, cache_indices,
-                      has_initial_state, pad_slot_id, num_threads, out, initial_state_indices=None, snapshots=None):
+                      has_initial_state, pad_slot_id, num_threads, out, initial_state_indices=None, snapshots=None,
+                      is_weight_packed=False):
     _one_device("conv_prefill_out", x=x, weight=weight, bias=bias, conv_state=conv_state,
                 query_start_loc=query_start_loc, cache_indices=cache_indices, has_initial_state=has_initial_state,
                 out=out, initial_state_indices=initial_state_indices, snapshots=snapshots)
@@ -140,7 +146,7 @@ def _prefill_out_fake(x, weight, bias, activation, conv_state, query_start_loc, 
 
 def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu", num_accepted_tokens=None,
                       conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None, num_threads=None,
-                      initial_state_indices=None):
+                      initial_state_indices=None, is_weight_packed=False):
     """``gdnconv.conv_update_multi`` through the registered torch ops (torch tensors only).
 
     Same arguments, semantics and errors as ``gdnconv.conv_update_multi``; ``torch.compile``
@@ -152,16 +158,16 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu", nu
         return torch.ops.gdnconv.conv_update_multi(x, conv_state, weight, bias, activation,
                                                    num_accepted_tokens, conv_state_indices,
                                                    query_start_loc, pad_slot_id, num_threads,
-                                                   initial_state_indices)
+                                                   initial_state_indices, is_weight_packed)
     torch.ops.gdnconv.conv_update_multi_out(x, conv_state, weight, bias, activation, num_accepted_tokens,
                                             conv_state_indices, query_start_loc, pad_slot_id, out, num_threads,
-                                            initial_state_indices)
+                                            initial_state_indices, is_weight_packed)
     return out
 
 
 def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, query_start_loc=None,
                  cache_indices=None, has_initial_state=None, pad_slot_id=-1, out=None, num_threads=None,
-                 initial_state_indices=None, snapshots=None):
+                 initial_state_indices=None, snapshots=None, is_weight_packed=False):
     """``gdnconv.conv_prefill`` through the registered torch ops (torch tensors only).
 
     Same arguments, semantics and errors as ``gdnconv.conv_prefill`` (vLLM's
@@ -172,6 +178,6 @@ def conv_prefill(x, weight, bias=None, *, activation="silu", conv_state=None, qu
     args = (x, weight, bias, activation, conv_state, query_start_loc, cache_indices, has_initial_state,
             pad_slot_id, num_threads)
     if out is None:
-        return torch.ops.gdnconv.conv_prefill(*args, initial_state_indices, snapshots)
-    torch.ops.gdnconv.conv_prefill_out(*args, out, initial_state_indices, snapshots)
+        return torch.ops.gdnconv.conv_prefill(*args, initial_state_indices, snapshots, is_weight_packed)
+    torch.ops.gdnconv.conv_prefill_out(*args, out, initial_state_indices, snapshots, is_weight_packed)
     return out

@@ -17,13 +17,9 @@ Design:
   is a live slot, and ``null_block_id`` marks padding only where a caller passes it. Index
   arrays longer than the batch: the first ``B`` entries are used (vLLM's kernels read so).
 - ``is_weight_packed=True``: the weight is in the layout vLLM's ``causal_conv1d_weight_pack``
-  gives it at load on AVX512-BF16 and aarch64-BF16 hosts (see ``unpack_weight``); it is
-  unpacked once and kept as float32 in ``gdnconv.pack_weight``'s layout (which the kernels read
-  without converting), a bf16/fp16 bias beside it as a float32 copy (the same values: the same
-  bits out), both NumPy arrays (no tensor checks in the call), per (weight, bias) pair, remade
-  when either tensor's memory or version counter changes (``_kept_weights``).
-  Writes the version counter does not see (through ``.data``, ``.numpy()``, DLPack) need
-  ``forget_packed_weights()``; vLLM's own packing assigns ``.data``, which is seen.
+  gives it at load on AVX512-BF16 and aarch64-BF16 hosts (see ``unpack_weight``), and goes to
+  the core as it is (``is_weight_packed`` of ``gdnconv.conv_update_multi``): the kernels read a
+  bf16 one in place, so nothing is copied or kept, and a change to it is seen by the next call.
 - What vLLM returns: ``out`` in ``x``'s shape and dtype; with ``out=None`` the result is
   written into ``x`` itself, as vLLM does. The update refuses an ``x`` whose float dtype differs
   from the state's (a result computed in the state's dtype and copied back would bypass the
@@ -42,8 +38,6 @@ Design:
   chunk shorter than ``width - 1`` into the read block (vLLM issue 56196), gdnconv writes the
   last scheduled block. Block indices that contradict each other are a ValueError naming them.
 """
-import weakref
-
 import numpy as np
 import torch
 
@@ -210,128 +204,38 @@ def pack_weight_like_vllm(weight):
     return weight.reshape(D // _PACK_BLOCK, _PACK_BLOCK, 2, 2).permute(0, 2, 1, 3).reshape(D, 4).contiguous()
 
 
-# (id(packed weight), id(bias)) -> (weakref to the weight, weakref to the bias or None, their
-# stamps, the float32 weight, the float32 bias or None): what _kept_weights made for that pair
-_kept = {}
-
-
 def forget_packed_weights():
-    """Drop every copy kept for ``is_weight_packed=True`` calls (the weights' unpacked float32
-    form and their biases' float32 copies, see ``unpack_weight``): needed only after such a
-    weight or its bias was changed where its version counter does not see it (through
-    ``.data``, ``.numpy()`` or DLPack), e.g. a weight reload that writes a packed tensor in
-    place; a new tensor, or ``.data = ...``, is seen by itself."""
-    _kept.clear()
+    """Does nothing: gdnconv reads a packed weight in place (``is_weight_packed=True``), so a
+    change to it, in place or through ``.data``, is seen by the next call. Earlier versions kept
+    an unpacked float32 copy per weight, which this dropped; kept so that their callers run."""
 
 
-_HALVES = (torch.float16, torch.bfloat16)
 _is_compiling = torch.compiler.is_compiling
-
-
-def _make_packed(weight, bias):
-    """The unpacked weight as float32 with taps outermost (``gdnconv.pack_weight``'s layout) and
-    the bias (bf16 or fp16) as float32, both NumPy arrays: the core reads an array's memory
-    without the checks a tensor needs (~0.4 us a call each). Refuses a weight that is not a
-    dense CPU tensor of a float dtype gdnconv takes (float32 holds its values exactly)."""
-    if not weight.is_cpu or weight.layout is not torch.strided:
-        raise ValueError(f"weight with is_weight_packed=True must be a dense CPU tensor, got a "
-                         f"{str(weight.layout)[6:]} tensor on {weight.device}")
-    return (_g.pack_weight(_unpacked_float(weight.detach())).numpy(),
-            None if bias is None else bias.detach().float().numpy())
-
-
-def _unpacked_float(weight):
-    """unpack_weight(weight) as float32 (the same values); refuses a dtype gdnconv does not take."""
-    w = unpack_weight(weight)
-    if w.dtype not in _FLOATS:
-        raise TypeError(f"weight with is_weight_packed=True must be bfloat16 (what vLLM packs), float16 or "
-                        f"float32, got dtype {str(w.dtype)[6:]}")
-    return w.float()
-
-
-def _half_bias(bias):
-    """A dense CPU tensor of dtype float16 or bfloat16: the bias _kept_weights copies."""
-    return isinstance(bias, torch.Tensor) and bias.dtype in _HALVES and bias.is_cpu and bias.layout is torch.strided
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_EXACT = (torch.Tensor, torch.nn.Parameter)
 _no_subclass_functions = torch._C.DisableTorchFunctionSubclass
 
 
-def _stamps(weight, bias):
-    """What says a weight's and a bias's values are unchanged since: version counters and data
-    pointers; RuntimeError for an inference tensor, which has no version counter."""
-    return ((weight._version, weight.data_ptr()) if bias is None else
-            (weight._version, weight.data_ptr(), bias._version, bias.data_ptr()))
+def _plain(t):
+    """A tensor of a subclass (vLLM's weights are ModelWeightParameter, a Parameter subclass with
+    a Python ``__torch_function__``) as a plain tensor on the same memory, made with subclass
+    functions off (~0.5 us), so that the core's first try, which takes exact types only, reads it
+    and the subclass's functions do not run on every attribute the full path reads (~1.3 us a
+    detach); anything else, and anything while torch.compile traces, as it is."""
+    if type(t) in _EXACT or not isinstance(t, torch.Tensor) or _is_compiling():
+        return t
+    with _no_subclass_functions():
+        return t.detach()
 
 
-def _kept_weights(weight, bias):
-    """A packed weight (any tensor: vLLM's are ModelWeightParameter, a Parameter subclass whose
-    Python __torch_function__ runs for the making; a Parameter holds its own memory, so its
-    stamps are read with subclass functions off) and its bias as the core reads them fastest
-    (``_make_packed``: the kernels read the float32 weight in place, where a bf16 (D, W) weight
-    is converted on every call: 0.87-1.06x the call's time, median 0.94, benchmarks/README.md,
-    stop 38), the same values (bf16 and fp16 widen exactly), so the same bits out. Made once
-    per (weight, bias) pair and remade when either's memory or version counter moves
-    (unpacking alone takes ~180 us at D=8192 through torch ops, more than a decode call); for
-    an inference tensor, which has no version counter, on every call. The entry holds both
-    tensors' storages, so that memory a ``.data = ...`` replaced cannot come back at the same
-    address for another reload while the entry lives. A 16-bit NumPy bias is widened to float32
-    on every call; any other bias is passed on as it is, for the core to take or refuse with
-    its own message."""
-    half = bias is None or _half_bias(bias)
-    kept_bias = bias if half else None
-    try:
-        if ((type(weight) in _PLAIN and (kept_bias is None or type(kept_bias) in _PLAIN))
-                or not all(t is None or isinstance(t, torch.nn.Parameter) for t in (weight, kept_bias))):
-            stamps = _stamps(weight, kept_bias)
-        else:   # a Parameter subclass: its __torch_function__ took ~1.7 us a data_ptr
-            with _no_subclass_functions():
-                stamps = _stamps(weight, kept_bias)
-    except RuntimeError:         # an inference tensor has no version counter
-        w, b = _make_packed(weight, kept_bias)
-        return w, b if half else _widened(bias)
-    key = (id(weight), id(kept_bias))
-    hit = _kept.get(key)
-    if (hit is None or hit[2] != stamps or hit[0]() is not weight
-            or (hit[1] is not None and hit[1]() is not kept_bias)):
-        gone = lambda _, k=key, table=_kept: table.pop(k, None)
-        made = _make_packed(weight, kept_bias)
-        held = (weight.untyped_storage(), None if kept_bias is None else kept_bias.untyped_storage())
-        hit = _kept[key] = (weakref.ref(weight, gone), None if kept_bias is None else weakref.ref(kept_bias, gone),
-                            stamps) + made + (held,)
-    return hit[3], hit[4] if half else _widened(bias)
-
-
-def _widened(bias):
-    """A bias as the core takes it beside a float32 weight: a 16-bit tensor or NumPy array widened
-    to float32 (the same values), anything else as it is."""
-    if isinstance(bias, torch.Tensor) and bias.dtype in _HALVES:
-        return bias.float()
-    if isinstance(bias, np.ndarray) and bias.dtype.name in ("float16", "bfloat16"):
-        return bias.astype(np.float32)
-    return bias
-
-
-def _packed_weights(weight, bias):
-    """A packed weight and its bias as the core takes them: ``_kept_weights``'s for a tensor;
-    while torch.compile traces, the unpacked weight as float32, made on every call, and the
-    bias as ``_widened`` gives it (the values the kept copies hold); anything else is refused
-    by unpack_weight. The callers do this once per call, before the core's plain_tensors try,
-    so a subclass's torch functions run once whichever path computes the call."""
-    if _is_compiling() or not isinstance(weight, torch.Tensor):
-        return _unpacked_float(weight), _widened(bias)
-    return _kept_weights(weight, bias)
-
-
-def _weights(weight, bias, is_weight_packed, dtype):
-    """weight and bias as the core takes them with activations of ``dtype``: a packed weight as
-    _packed_weights gives it; fp16/bf16 that differ from ``dtype`` widened to float32 (exact).
-    Any other dtype is passed on for the core to refuse with its own message."""
-    if is_weight_packed:
-        weight, bias = _packed_weights(weight, bias)
-    elif (isinstance(weight, torch.Tensor) and weight.dtype is dtype
-          and (bias is None or isinstance(bias, torch.Tensor) and bias.dtype is dtype)):
+def _weights(weight, bias, dtype):
+    """weight and bias as the core takes them with activations of ``dtype`` (a packed weight alike:
+    its layout is the core's to check): subclasses as plain tensors (``_plain``); fp16/bf16 that
+    differ from ``dtype`` widened to float32 (exact; a contiguous weight stays contiguous, so a
+    packed one keeps its layout). Any other dtype is passed on for the core to refuse with its
+    own message."""
+    weight, bias = _plain(weight), _plain(bias)
+    if (isinstance(weight, torch.Tensor) and weight.dtype is dtype
+            and (bias is None or isinstance(bias, torch.Tensor) and bias.dtype is dtype)):
         return weight, bias           # vLLM's usual call: no attribute read twice (~0.2 us)
     if isinstance(weight, torch.Tensor) and weight.dtype != dtype and weight.dtype in _FLOATS:
         weight = weight.float()
@@ -441,18 +345,15 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         validate_data: accepted; gdnconv always validates.
         out: tensor of ``x``'s shape and dtype; None: written into ``x``, as vLLM does.
         pad_slot_id: slots equal to it are skipped (default -1, vLLM's ``PAD_SLOT_ID``).
-        is_weight_packed: True when ``weight`` is in vLLM's packed layout (``unpack_weight``;
-            its unpacked float32 form, and a float32 copy of the bias, are kept per (weight,
-            bias) pair: ``forget_packed_weights``).
+        is_weight_packed: True when ``weight`` is in vLLM's packed layout (``unpack_weight``),
+            read in place (bf16: half the bytes of a float32 weight).
 
     Returns ``out`` (``x`` when not given), in ``x``'s shape and dtype.
 
     Raises ValueError/TypeError naming the argument (with the caller's shapes) for anything
     gdnconv refuses; nothing is written then.
     """
-    if is_weight_packed:   # the kept float32 copies (see _packed_weights), for the try and the full path
-        weight, bias = _packed_weights(weight, bias)
-        is_weight_packed = False
+    weight, bias = _plain(weight), _plain(bias)   # (once, for the try and the full path)
     if (query_start_loc is None and block_idx_last_scheduled_token is None and initial_state_idx is None
             and null_block_id is None and type(max_query_len) is int and not _is_compiling()):
         # vLLM's decode call: the core reads its arguments as they come (torch tensors, a (batch,)
@@ -463,7 +364,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         try:
             _core._conv_update_vllm(x, conv_state, weight, bias, activation=activation, num_accepted_tokens=num_accepted_tokens,
                                     conv_state_indices=conv_state_indices, pad_slot_id=pad_slot_id, out=target,
-                                    plain_tensors=True)
+                                    plain_tensors=True, is_weight_packed=is_weight_packed)
             return target
         except (TypeError, ValueError):
             pass
@@ -500,7 +401,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         raise TypeError(f"x dtype {str(x.dtype)[6:]} differs from conv_state dtype {str(dtype)[6:]}: the result is "
                         f"written into x (or out) in place, and vLLM computes in conv_state's dtype; pass "
                         f"x.to(conv_state.dtype), vLLM's own conversion, and use what the call returns")
-    weight, bias = _weights(weight, bias, is_weight_packed, dtype)
+    weight, bias = _weights(weight, bias, dtype)
     reads = None
     if block_idx_last_scheduled_token is not None or initial_state_idx is not None:
         if block_idx_last_scheduled_token is None or initial_state_idx is None:
@@ -518,7 +419,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     _core._conv_update_vllm(x, conv_state, weight, bias, activation=activation,
                             num_accepted_tokens=_first(num_accepted_tokens, B), conv_state_indices=indices,
                             query_start_loc=query_start_loc, pad_slot_id=pad_slot_id, out=target,
-                            initial_state_indices=reads)
+                            initial_state_indices=reads, is_weight_packed=is_weight_packed)
     return target
 
 
@@ -594,7 +495,7 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
         raise ValueError(f"conv_states must be a 3-D (num_cache_lines, dim, state_len) tensor, got {shape}")
     B = _batch(query_start_loc)
     dtype = x.dtype if conv_states is None else conv_states.dtype
-    weight, bias = _weights(weight, bias, is_weight_packed, dtype)
+    weight, bias = _weights(weight, bias, dtype)
     reads = snapshots = None
     if given:
         if conv_states is None:
@@ -609,7 +510,8 @@ def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indice
     out = _core._conv_prefill_vllm(_float_x(x, dtype), weight, bias, activation=_activation(activation),
                                    conv_state=conv_states, query_start_loc=query_start_loc,
                                    cache_indices=indices, has_initial_state=_first(has_initial_state, B),
-                                   pad_slot_id=pad_slot_id, initial_state_indices=reads, snapshots=snapshots)
+                                   pad_slot_id=pad_slot_id, initial_state_indices=reads, snapshots=snapshots,
+                                   is_weight_packed=is_weight_packed)
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
@@ -621,26 +523,28 @@ def _tokens(t):
 
 def _update_vllm_traced(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
                         conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
-                        initial_state_indices=None, plain_tensors=False, tokens_last=False):
+                        initial_state_indices=None, plain_tensors=False, tokens_last=False, is_weight_packed=False):
     """``_core._conv_update_vllm`` as ``torch.compile`` traces it (views are free in a graph;
     ``plain_tensors`` is an eager try's, never traced)."""
     tokens = (lambda t: t) if tokens_last else _tokens
     res = _g.conv_update_multi(tokens(x), conv_state.transpose(1, 2), weight, bias, activation=activation,
                                num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,
                                query_start_loc=query_start_loc, pad_slot_id=pad_slot_id,
-                               out=None if out is None else tokens(out), initial_state_indices=initial_state_indices)
+                               out=None if out is None else tokens(out), initial_state_indices=initial_state_indices,
+                               is_weight_packed=is_weight_packed)
     return tokens(res) if out is None else out
 
 
 def _prefill_vllm_traced(x, weight, bias=None, *, activation=None, conv_state=None, query_start_loc=None,
                          cache_indices=None, has_initial_state=None, pad_slot_id=-1, initial_state_indices=None,
-                         snapshots=None):
+                         snapshots=None, is_weight_packed=False):
     """``_core._conv_prefill_vllm`` as ``torch.compile`` traces it."""
     return _g.conv_prefill(x.T, weight, bias, activation=activation,
                            conv_state=None if conv_state is None else conv_state.transpose(1, 2),
                            query_start_loc=query_start_loc, cache_indices=cache_indices,
                            has_initial_state=has_initial_state, pad_slot_id=pad_slot_id,
-                           initial_state_indices=initial_state_indices, snapshots=snapshots).T
+                           initial_state_indices=initial_state_indices, snapshots=snapshots,
+                           is_weight_packed=is_weight_packed).T
 
 
 _compile.substitute(_core._conv_update_vllm, _update_vllm_traced)

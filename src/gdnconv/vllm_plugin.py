@@ -109,14 +109,13 @@ def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indi
     """gdn_attention._causal_conv1d_update_cpu: x (B, D) or (B, T, D) channels last, conv_states
     (S, D, L) in either storage, pad -1; returns a new tensor like x."""
     gv = _gv or _vllm_adapters()
-    if is_weight_packed:     # the kept float32 copies, once for the try and the full path
-        weight, bias = gv._packed_weights(weight, bias)
-        is_weight_packed = False
+    weight, bias = gv._plain(weight), gv._plain(bias)   # (once, for the try and the full path)
     try:     # the usual call, as gdnconv.vllm.causal_conv1d_update tries it, in the op's (B, T, D) order
         return gv._core._conv_update_vllm(x, conv_states, weight, bias,
                                           activation=silu_activation, num_accepted_tokens=num_accepted_tokens,
                                           conv_state_indices=conv_state_indices, plain_tensors=True,
-                                          tokens_last=True)   # a new out: padded requests' rows are zeros
+                                          tokens_last=True,   # a new out: padded requests' rows are zeros
+                                          is_weight_packed=is_weight_packed)
     except (TypeError, ValueError):
         pass
     out = gv.torch.zeros_like(x)        # rows of padded requests: zeros, as gdnconv's new outputs
