@@ -69,7 +69,7 @@ def test_mypy_reveals_the_stub_signature(mypy_report):
     assert names == runtime, (names, runtime)
     for part in ["*, activation: Literal['silu'] | Literal['swish'] | bool | None =",
                  "pad_slot_id: int =", "out: None =", "num_threads: int | None =, initial_state_indices: ",
-                 "None =) -> _A"]:
+                 "None =, is_weight_packed: bool =) -> _A"]:
         assert part in first, (part, first)
     assert "out: _A, num_threads" in sig  # a given out is returned as it is
     assert 'numpy.dtype[numpy.floating[numpy._typing._nbit_base._32Bit]]]"' in revealed[11], revealed[11]

@@ -36,6 +36,7 @@ def conv_update_multi(
     out: None = None,
     num_threads: int | None = None,
     initial_state_indices: _Index = None,
+    is_weight_packed: bool = False,
 ) -> _A: ...
 @overload
 def conv_update_multi(
@@ -52,6 +53,7 @@ def conv_update_multi(
     out: _A,
     num_threads: int | None = None,
     initial_state_indices: _Index = None,
+    is_weight_packed: bool = False,
 ) -> _A: ...
 @overload
 def conv_update_multi(
@@ -68,6 +70,7 @@ def conv_update_multi(
     out: None = None,
     num_threads: int | None = None,
     initial_state_indices: _Index = None,
+    is_weight_packed: bool = False,
 ) -> npt.NDArray[Any]: ...
 def bytes_moved(
     x: _ArrayOrTensor | npt.ArrayLike,
@@ -96,6 +99,7 @@ def conv_prefill(
     num_threads: int | None = None,
     initial_state_indices: _Index = None,
     snapshots: _Index = None,
+    is_weight_packed: bool = False,
 ) -> _A: ...
 @overload
 def conv_prefill(
@@ -113,6 +117,7 @@ def conv_prefill(
     num_threads: int | None = None,
     initial_state_indices: _Index = None,
     snapshots: _Index = None,
+    is_weight_packed: bool = False,
 ) -> _A: ...
 @overload
 def conv_prefill(
@@ -130,6 +135,7 @@ def conv_prefill(
     num_threads: int | None = None,
     initial_state_indices: _Index = None,
     snapshots: _Index = None,
+    is_weight_packed: bool = False,
 ) -> npt.NDArray[Any]: ...
 def prefill_bytes_moved(
     x: _ArrayOrTensor | npt.ArrayLike,
