@@ -17,6 +17,8 @@
  *                           time-contiguous state (see state_in / state_out)
  *   TC_ROLL, tc_roll_plan, tc_plan_roll, tc_roll_line: optional, the speculative roll
  *                           of a time-contiguous state in place (see tc_roll)
+ *   SIMD_SD_T1              optional: one-token plain decode of a channel-contiguous state
+ *                           in place (sd_t1), where the registers hold its raw rows
  * and then defines its kernels as calls of simd_kernel() and simd_fill().
  * Vectors of 128 bits or more (LANES >= 4 fp32 lanes): a line step takes up to four
  * vectors, one 64-byte line of x86 vectors or 16 channels of 128-bit ones.
@@ -276,6 +278,51 @@ GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, in
     }
 }
 
+#ifdef SIMD_SD_T1
+/* One-token plain decode of a channel-contiguous state, nothing staged (request r's
+ * channels [0, nline) of the unit's block at c0): per line step the window rows and the
+ * token are loaded, the state rolled in place (rows 0..W-3 <- rows 1..W-2, row W-2 <- the
+ * token, raw bits), then the outputs computed from the loaded values and written (out
+ * may be x: the token is read first), bit for bit the staged path's. The staging buffer
+ * keeps ~2T+L rows 4 KiB apart out of one L1 set; at T = 1 a request touches W + 1 rows,
+ * and the staging copies were ~10% of a warm call (benchmarks/README.md, stop 42). The
+ * rows are prefetched first, as the staged path's block copies read them at once. */
+GDN_INLINE void sd_t1(const gdn_update_params *p, const gdn_request *r, int64_t c0, int64_t nline,
+                      const simd_weights *wt, const simd_next *nx, const int NV, const int dt, const int W,
+                      const int silu, const int WP) {
+    const int H = W - 1;
+    const int64_t e = gdn_elsize(dt), sl = p->state_stride_l * e, step = NV * LANES;
+    char *st = r->state + e * c0;
+    const char *x = r->x + e * c0;
+    char *os = r->out + e * c0;
+    for (int64_t o = 0; o < nline * e; o += 64) {
+        for (int k = 0; k < H; k++) SIMD_PREFETCH_R(st + k * sl + o);
+        SIMD_PREFETCH_R(x + o);
+    }
+    for (int64_t c = 0; c < nline; c += step) {
+        V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
+        R raw[GDN_MAX_WIDTH][4];   /* window rows 0..H-1, then the token */
+        for (int64_t o = c * e; o < (c + step) * e; o += 64)
+            if (o % GDN_PF_EVERY == 0) simd_prefetch(nx, o);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            simd_taps(wt, c + v * LANES, w, b, v, W, WP);
+#pragma GCC unroll 8
+            for (int k = 0; k < H; k++) {
+                raw[k][v] = ld_raw(st + k * sl + (c + v * LANES) * e, dt);
+                hf[k][v] = to_f32(raw[k][v], dt);
+            }
+            raw[H][v] = ld_raw(x + (c + v * LANES) * e, dt);
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++)
+#pragma GCC unroll 8
+            for (int k = 0; k < H; k++) st_raw(st + k * sl + (c + v * LANES) * e, raw[k + 1][v], dt);
+        simd_tokens(x + c * e, 0, os + c * e, 0, w, b, hf, 1, NV, dt, W, silu);
+    }
+}
+#endif
+
 #ifdef TC_T1
 /* One-token plain decode of a 16-bit time-contiguous state with channel stride sd <=
  * TC_T1_MAX_SD (vLLM's DS layout at state_len W-1 or W), 32 channels (one group of the
@@ -407,6 +454,11 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
         simd_next nx;
         simd_next_rows(p, i, c0, &nx);
         char *st = r.state + e * c0 * sd;   /* row 0 at channel c0 */
+#ifdef SIMD_SD_T1
+        if (!spec && sd == 1 && r.T == 1 && nline > 0) {
+            sd_t1(p, &r, c0, nline, wt, &nx, NV, dt, W, silu, WP);
+        } else
+#endif
         if (nline > 0) {
             state_in(buf, bs, st + r.off * sl, sl, sd, H, nline, p->dim - c0, p->dtype);
             for (int64_t t0 = 0; t0 < r.T; t0 += GDN_SLAB) {
