@@ -350,7 +350,7 @@ def test_packed_weight_reloads_give_the_plain_bits():
 
 
 def test_the_try_reads_ndarrays_but_not_their_subclasses(monkeypatch):
-    """The plain_tensors try takes numpy.ndarray weights (the kept packed weights are arrays) and
+    """The plain_tensors try takes numpy.ndarray weights (a caller's NumPy weights) and
     refuses an ndarray subclass and an ndarray x, which the full path then takes or refuses:
     the same bits either way."""
     core, tried = gdnconv._core._conv_update_vllm, _core_entries(monkeypatch)

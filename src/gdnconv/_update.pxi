@@ -322,8 +322,8 @@ def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_
     drop-in); read as gdnconv's views, no transposed tensors made. Errors name the
     caller's shapes. plain_tensors: gdnconv.vllm's first try at vLLM's usual call, which it
     redoes through its full path where this refuses: every argument given must then be a
-    torch.Tensor or nn.Parameter, or for the weight and bias a numpy.ndarray (its kept packed
-    weights; TypeError for anything else, before any of them is read), so that a refused try
+    torch.Tensor or nn.Parameter, or for the weight and bias a numpy.ndarray (a caller's
+    NumPy weights; TypeError for anything else, before any of them is read), so that a refused try
     runs no user code (no __array__, no subclass's __torch_function__)."""
     cdef _Update c = _Update()
     c.packed = _flag(is_weight_packed, "is_weight_packed")
