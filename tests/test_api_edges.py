@@ -152,6 +152,13 @@ def test_packed_weight_refusals_name_the_argument_and_write_nothing(op):
         assert (out.astype(np.float32) == 7).all(), match
 
 
+def test_packed_weight_of_no_channels_is_taken():
+    """D = 0 (a multiple of 32) with is_weight_packed=True: taken as the plain call takes it."""
+    x, state, w = np.zeros((2, 0), f32), np.zeros((3, 6, 0), f32), np.zeros((0, 4), f32)
+    for packed in (False, True):
+        assert gdnconv.conv_update_multi(x, state, w, is_weight_packed=packed).shape == (2, 0)
+
+
 def test_query_start_loc_must_be_one_dimensional():
     x, state, w = _call_args()
     before = state.copy()

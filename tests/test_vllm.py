@@ -209,6 +209,10 @@ def test_packed_weight_gives_the_plain_weights_bits(mode):
     packed = gv.pack_weight_like_vllm(weight)
     assert packed.shape == weight.shape and not torch.equal(packed, weight)
     assert torch.equal(gv.unpack_weight(packed), weight)
+    with pytest.raises(TypeError, match="weight must be a torch tensor, got ndarray"):
+        gv.pack_weight_like_vllm(weight.float().numpy())
+    with pytest.raises(ValueError, match=r"got shape \(64, 3\) \(a plain weight needs no unpacking\)"):
+        gv.unpack_weight(weight[:, :3].contiguous())
     slots = torch.tensor([4, 0, 2], dtype=torch.int32)
 
     def call(w, packed_flag, st):

@@ -221,6 +221,13 @@ GDN_INLINE void simd_prefetch(const simd_next *nx, int64_t o) {
     for (int k = nx->nr; k < nx->nr + nx->nw; k++) SIMD_PREFETCH_W(nx->row[k] + o);
 }
 
+/* The prefetch of a line step of the given bytes at byte offset o0 of the unit's rows: a
+ * line of each of nx's rows per GDN_PF_EVERY bytes. */
+GDN_INLINE void simd_prefetch_step(const simd_next *nx, int64_t o0, int64_t bytes) {
+    for (int64_t o = o0; o < o0 + bytes; o += 64)
+        if (o % GDN_PF_EVERY == 0) simd_prefetch(nx, o);
+}
+
 /* A unit's weights as the line steps read them, channel 0 the unit's first: W fp32 tap
  * rows (row[k][c]), or, where the kernel is instantiated with WP = 1, vLLM's packed bf16
  * weight (W = 4; gdnconv.h), whose 32-bit lanes hold two taps each, so a tap costs half
@@ -258,9 +265,7 @@ GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, in
     const int64_t e = gdn_elsize(dt), step = NV * LANES;
     for (int64_t c = ca; c < cb; c += step) {
         V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
-        if (prefetch)
-            for (int64_t o = c * e; o < (c + step) * e; o += 64)
-                if (o % GDN_PF_EVERY == 0) simd_prefetch(nx, o);
+        if (prefetch) simd_prefetch_step(nx, c * e, step * e);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
             simd_taps(wt, c + v * LANES, w, b, v, W, WP);
@@ -302,8 +307,7 @@ GDN_INLINE void sd_t1(const gdn_update_params *p, const gdn_request *r, int64_t 
     for (int64_t c = 0; c < nline; c += step) {
         V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
         R raw[GDN_MAX_WIDTH][4];   /* window rows 0..H-1, then the token */
-        for (int64_t o = c * e; o < (c + step) * e; o += 64)
-            if (o % GDN_PF_EVERY == 0) simd_prefetch(nx, o);
+        simd_prefetch_step(nx, c * e, step * e);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
             simd_taps(wt, c + v * LANES, w, b, v, W, WP);
@@ -337,7 +341,7 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, char *os, int6
                            const int WP) {
     const int H = W - 1;
     V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
-    if (c * 2 % GDN_PF_EVERY == 0) simd_prefetch(nx, c * 2);
+    simd_prefetch_step(nx, c * 2, 64);
 #pragma GCC unroll 2
     for (int v = 0; v < 2; v++) simd_taps(wt, c + v * LANES, w, b, v, W, WP);
     char *blk = st + 2 * c * sd;

@@ -200,7 +200,8 @@ cdef int _weights(list keep, View *wv, View *bv, object weight, object bias, obj
                 else "")
         raise ValueError(f"width W = weight.shape[1] = {wv.shape[1]} is outside "
                          f"{GDN_MIN_WIDTH}..{GDN_MAX_WIDTH} (weight shape {tuple(weight.shape)}){hint}")
-    if packed and (wv.shape[1] != 4 or wv.shape[0] % 32 or wv.strides[0] != 4 or wv.strides[1] != 1):
+    if packed and (wv.shape[1] != 4 or wv.shape[0] % 32 or (wv.shape[0] > 0 and (wv.strides[0] != 4
+                                                                                or wv.strides[1] != 1))):
         got = (f"shape {tuple(weight.shape)}" if wv.shape[1] != 4 or wv.shape[0] % 32 else
                f"a view with strides ({wv.strides[0]}, {wv.strides[1]}) in elements, not contiguous")
         raise ValueError(f"weight with is_weight_packed=True must be in vLLM's packed layout "

@@ -188,16 +188,19 @@ def unpack_weight(weight):
             or weight.shape[0] % _PACK_BLOCK or not weight.is_contiguous()):
         what = (f"shape {tuple(weight.shape)}" + ("" if weight.is_contiguous() else ", not contiguous")
                 if isinstance(weight, torch.Tensor) else type(weight).__name__)
-        raise ValueError(f"weight with is_weight_packed=True must be vLLM's packed (D, 4) contiguous tensor with "
-                         f"D a multiple of {_PACK_BLOCK}, got {what}; pass the plain weight with "
-                         f"is_weight_packed=False")
+        raise ValueError(f"weight must be vLLM's packed (D, 4) contiguous tensor with "
+                         f"D a multiple of {_PACK_BLOCK}, got {what} (a plain weight needs no unpacking)")
     D = weight.shape[0]
     return weight.view(D // _PACK_BLOCK, 2, _PACK_BLOCK, 2).permute(0, 2, 1, 3).reshape(D, 4).contiguous()
 
 
 def pack_weight_like_vllm(weight):
     """vLLM's packed layout of a plain ``(D, 4)`` weight (the inverse of ``unpack_weight``), for
-    tests and benchmarks where vLLM's own ``causal_conv1d_weight_pack`` is not at hand."""
+    tests and benchmarks where vLLM's own ``causal_conv1d_weight_pack`` is not at hand. Raises
+    TypeError for anything but a torch tensor, ValueError unless it is ``(D, 4)`` with ``D`` a
+    multiple of 32."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch tensor, got {type(weight).__name__}")
     D = weight.shape[0]
     if weight.dim() != 2 or weight.shape[1] != 4 or D % _PACK_BLOCK:
         raise ValueError(f"weight must be (D, 4) with D a multiple of {_PACK_BLOCK}, got {tuple(weight.shape)}")
