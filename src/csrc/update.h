@@ -87,11 +87,15 @@ static inline void gdn_copy_rows(const gdn_update_params *p, int64_t src, int64_
 }
 
 /* ---- weights ---- */
-/* The element index of tap k of channel c in p->weight (its strides, or vLLM's packed
- * layout: gdnconv.h). */
+/* The element index of tap k of channel c in vLLM's packed layout (gdnconv.h): taps 2j
+ * and 2j + 1 of a channel share a 32-bit lane, 32 channels' lanes per tap pair. */
+GDN_INLINE int64_t gdn_packed_index(int64_t c, int64_t k) {
+    return (c >> 5) * 128 + (k >> 1) * 64 + (c & 31) * 2 + (k & 1);
+}
+
+/* The element index of tap k of channel c in p->weight (its strides, or the packed layout). */
 GDN_INLINE int64_t gdn_weight_index(const gdn_update_params *p, int64_t c, int64_t k) {
-    return p->is_weight_packed ? (c >> 5) * 128 + (k >> 1) * 64 + (c & 31) * 2 + (k & 1)
-                               : c * p->weight_stride_d + k * p->weight_stride_w;
+    return p->is_weight_packed ? gdn_packed_index(c, k) : c * p->weight_stride_d + k * p->weight_stride_w;
 }
 
 /* fp32 weights with unit channel stride (pack_weight's layout), which every kernel

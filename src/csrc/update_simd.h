@@ -238,14 +238,22 @@ typedef struct {
     const float *bias;
 } simd_weights;
 
+/* The 4 taps of the LANES channels at c (c % LANES == 0) of vLLM's packed bf16 weight wp
+ * as fp32: the tap pairs (0, 1) and (2, 3), one load each. */
+GDN_INLINE void simd_packed_taps(const uint16_t *wp, int64_t c, V *t) {
+    wpair(wp + gdn_packed_index(c, 0), &t[0], &t[1]);
+    wpair(wp + gdn_packed_index(c, 2), &t[2], &t[3]);
+}
+
 /* Taps of the LANES channels at c into w[k][v], and their bias into b[v]. */
 GDN_INLINE void simd_taps(const simd_weights *wt, int64_t c, V w[][4], V *b, const int v, const int W,
                           const int WP) {
     b[v] = vload(wt->bias + c);
-    if (WP) {   /* (W = 4) pairs (0, 1) and (2, 3) of a 32-channel group, 64 words apart */
-        const uint16_t *s = wt->packed + (c >> 5) * 128 + (c & 31) * 2;
-        wpair(s, &w[0][v], &w[1][v]);
-        wpair(s + 64, &w[2][v], &w[3][v]);
+    if (WP) {   /* (W = 4) */
+        V t[4];
+        simd_packed_taps(wt->packed, c, t);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) w[k][v] = t[k];
     } else {
 #pragma GCC unroll 8
         for (int k = 0; k < W; k++) w[k][v] = vload(wt->row[k] + c);
@@ -573,10 +581,8 @@ GDN_INLINE void simd_fill(const gdn_update_params *p, int64_t c0, int64_t c1, fl
     const int wdt = p->weight_dtype;
     if (gdn_weight_bf16_packed(p)) {   /* (c0 is a multiple of 32: a block's or the call's first) */
         for (int64_t c = 0; c < nvec; c += LANES) {
-            const uint16_t *s = (const uint16_t *)p->weight + ((c0 + c) >> 5) * 128 + ((c0 + c) & 31) * 2;
             V t[4];
-            wpair(s, &t[0], &t[1]);
-            wpair(s + 64, &t[2], &t[3]);
+            simd_packed_taps((const uint16_t *)p->weight, c0 + c, t);
             for (int k = 0; k < 4; k++) vstore(w + k * ld + c, t[k]);
         }
     } else if (p->weight_stride_w == 1 && p->weight_stride_d == p->width && !p->is_weight_packed) {
