@@ -29,10 +29,10 @@ GDN_INLINE void st_raw(char *p, R v, int dt) {
  * them; one token uses each weight once, so the loads fold into the FMAs) */
 #define SIMD_WIDE_T1 1
 
-/* one-token plain decode of a channel-contiguous state in place (update_simd.h's sd_t1):
- * warm 0.87-0.89x the staged path's time here; AVX2's 16 registers do not hold its raw
- * rows (1.09x slower there) */
-#define SIMD_SD_T1 1
+/* decode of a channel-contiguous state in place (update_simd.h's sd_direct): one token
+ * warm 0.87-0.89x the staged path's time here, four (speculative) 0.92-0.94x; AVX2's
+ * 16 registers do not hold the raw rows (one token 1.09x slower there) */
+#define SIMD_SD_DIRECT 1
 
 GDN_INLINE V to_f32(R v, int dt) {
     if (dt == GDN_F32) return _mm512_castsi512_ps(v);

@@ -17,8 +17,8 @@
  *                           time-contiguous state (see state_in / state_out)
  *   TC_ROLL, tc_roll_plan, tc_plan_roll, tc_roll_line: optional, the speculative roll
  *                           of a time-contiguous state in place (see tc_roll)
- *   SIMD_SD_T1              optional: one-token plain decode of a channel-contiguous state
- *                           in place (sd_t1), where the registers hold its raw rows
+ *   SIMD_SD_DIRECT          optional: decode of up to 4 tokens of a channel-contiguous
+ *                           state in place (sd_direct), where the registers hold its rows
  * and then defines its kernels as calls of simd_kernel() and simd_fill().
  * Vectors of 128 bits or more (LANES >= 4 fp32 lanes): a line step takes up to four
  * vectors, one 64-byte line of x86 vectors or 16 channels of 128-bit ones.
@@ -260,16 +260,30 @@ GDN_INLINE void simd_taps(const simd_weights *wt, int64_t c, V w[][4], V *b, con
     }
 }
 
+/* The nt tokens of one line step (rows xt bytes apart at xs, outputs ot apart at os) in
+ * groups of 4 / NV vectors' worth, the remainder in halving groups. */
+GDN_INLINE void simd_token_groups(const char *xs, int64_t xt, char *os, int64_t ot, int64_t nt, V w[][4],
+                                  const V *b, V hf[][4], const int NV, const int dt, const int W, const int silu) {
+    const int G = 4 / NV;
+    int64_t j = 0;
+    for (; j + G <= nt; j += G) simd_tokens(xs + j * xt, xt, os + j * ot, ot, w, b, hf, G, NV, dt, W, silu);
+    if (G > 2 && j + 2 <= nt) {
+        simd_tokens(xs + j * xt, xt, os + j * ot, ot, w, b, hf, 2, NV, dt, W, silu);
+        j += 2;
+    }
+    if (j < nt) simd_tokens(xs + j * xt, xt, os + j * ot, ot, w, b, hf, 1, NV, dt, W, silu);
+}
+
 /* Line steps of channels [ca, cb) (offsets in the unit's block) of one slab: its nt
  * tokens staged in buf rows H.. (bs bytes apart), outputs to os rows ot bytes apart; NV
  * vectors a step (a constant: update_simd.h's 64-byte line, or twice that for a single
- * token, SIMD_WIDE_T1), the weights, bias and window loaded per step, tokens in groups of
- * 4 / NV vectors' worth, the remainder in halving groups. With prefetch, a line of each
+ * token, SIMD_WIDE_T1), the weights, bias and window loaded per step, the tokens by
+ * simd_token_groups. With prefetch, a line of each
  * of the next unit's rows per GDN_PF_EVERY bytes of the step. */
 GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, int64_t ca, int64_t cb, int64_t nt,
                            const simd_weights *wt, const simd_next *nx, int prefetch, const int NV, const int dt,
                            const int W, const int silu, const int WP) {
-    const int H = W - 1, G = 4 / NV;
+    const int H = W - 1;
     const int64_t e = gdn_elsize(dt), step = NV * LANES;
     for (int64_t c = ca; c < cb; c += step) {
         V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
@@ -280,57 +294,80 @@ GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, in
 #pragma GCC unroll 8
             for (int k = 0; k < H; k++) hf[k][v] = to_f32(ld_raw(buf + k * bs + (c + v * LANES) * e, dt), dt);
         }
-        int64_t j = 0;
-        for (; j + G <= nt; j += G)
-            simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, G, NV, dt, W, silu);
-        if (G > 2 && j + 2 <= nt) {
-            simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, 2, NV, dt, W, silu);
-            j += 2;
-        }
-        if (j < nt) simd_tokens(buf + (H + j) * bs + c * e, bs, os + j * ot + c * e, ot, w, b, hf, 1, NV, dt, W, silu);
+        simd_token_groups(buf + H * bs + c * e, bs, os + c * e, ot, nt, w, b, hf, NV, dt, W, silu);
     }
 }
 
-#ifdef SIMD_SD_T1
-/* One-token plain decode of a channel-contiguous state, nothing staged (request r's
- * channels [0, nline) of the unit's block at c0): per line step the window rows and the
- * token are loaded, the state rolled in place (rows 0..W-3 <- rows 1..W-2, row W-2 <- the
- * token, raw bits), then the outputs computed from the loaded values and written (out
- * may be x: the token is read first), bit for bit the staged path's. The staging buffer
- * keeps ~2T+L rows 4 KiB apart out of one L1 set; at T = 1 a request touches W + 1 rows,
- * and the staging copies were ~10% of a warm call (benchmarks/README.md, stop 42). The
- * rows are prefetched first, as the staged path's block copies read them at once. */
-GDN_INLINE void sd_t1(const gdn_update_params *p, const gdn_request *r, int64_t c0, int64_t nline,
-                      const simd_weights *wt, const simd_next *nx, const int NV, const int dt, const int W,
-                      const int silu, const int WP) {
+#ifdef SIMD_SD_DIRECT
+/* Decode of a channel-contiguous state without staging (request r's channels [0, nline)
+ * of the unit's block at c0), for the requests SD_DIRECT_TAKES (spec and T constants
+ * here). Per line step the window rows (off..off+W-2) and the tokens are loaded, the state
+ * rolled in place from those registers (raw bits: rows 0..W-3 <- window rows 1..W-2, rows
+ * W-2+t <- token t), then the outputs computed from the window's fp32 values and the
+ * tokens (read again, from L1) and written, bit for bit the staged path's (out may be x:
+ * every token is read before any output is written). The staging buffer keeps the ~2T+L
+ * rows a request touches (often 4 KiB apart, one L1 set) from thrashing L1, but within
+ * one line step each of them is read or written once here, and the staging copies took
+ * 5-15% of a warm call (benchmarks/README.md, stops 42-43). The request's rows are
+ * prefetched first (those it only writes for writing), as the staged path's row copies
+ * stream them. */
+GDN_INLINE void sd_direct_T(const gdn_update_params *p, const gdn_request *r, int64_t c0, int64_t nline,
+                            const simd_weights *wt, const simd_next *nx, const int NV, const int dt, const int W,
+                            const int silu, const int WP, const int spec, const int T) {
     const int H = W - 1;
-    const int64_t e = gdn_elsize(dt), sl = p->state_stride_l * e, step = NV * LANES;
+    const int64_t e = gdn_elsize(dt), sl = p->state_stride_l * e, step = NV * LANES, ve = LANES * e;
+    const int64_t xt = p->x_stride_t * e, ot = p->out_stride_t * e, off = spec ? r->off : 0;
     char *st = r->state + e * c0;
     const char *x = r->x + e * c0;
     char *os = r->out + e * c0;
     for (int64_t o = 0; o < nline * e; o += 64) {
-        for (int k = 0; k < H; k++) SIMD_PREFETCH_R(st + k * sl + o);
-        SIMD_PREFETCH_R(x + o);
+        for (int k = 0; k < H; k++) SIMD_PREFETCH_R(st + (off + k) * sl + o);
+        for (int t = 0; t < T; t++) SIMD_PREFETCH_R(x + t * xt + o);
+        for (int t = 0; spec && t < T; t++) SIMD_PREFETCH_W(os + t * ot + o);
+        for (int k = 0; spec && k < W - 2 + T; k++)   /* the roll's rows outside the window */
+            if (k < off || k >= off + H) SIMD_PREFETCH_W(st + k * sl + o);
     }
     for (int64_t c = 0; c < nline; c += step) {
         V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
-        R raw[GDN_MAX_WIDTH][4];   /* window rows 0..H-1, then the token */
-        simd_prefetch_step(nx, c * e, step * e);
+        R seq[GDN_MAX_WIDTH - 1 + 4][4];   /* the window rows, then the tokens */
+        const int64_t ce = c * e;
+        simd_prefetch_step(nx, ce, step * e);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
             simd_taps(wt, c + v * LANES, w, b, v, W, WP);
 #pragma GCC unroll 8
             for (int k = 0; k < H; k++) {
-                raw[k][v] = ld_raw(st + k * sl + (c + v * LANES) * e, dt);
-                hf[k][v] = to_f32(raw[k][v], dt);
+                seq[k][v] = ld_raw(st + (off + k) * sl + ce + v * ve, dt);
+                hf[k][v] = to_f32(seq[k][v], dt);
             }
-            raw[H][v] = ld_raw(x + (c + v * LANES) * e, dt);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) seq[H + t][v] = ld_raw(x + t * xt + ce + v * ve, dt);
         }
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++)
-#pragma GCC unroll 8
-            for (int k = 0; k < H; k++) st_raw(st + k * sl + (c + v * LANES) * e, raw[k + 1][v], dt);
-        simd_tokens(x + c * e, 0, os + c * e, 0, w, b, hf, 1, NV, dt, W, silu);
+        for (int v = 0; v < NV; v++)   /* row k <- element k + 1 of the sequence */
+#pragma GCC unroll 12
+            for (int k = 0; k < H - 1 + T; k++) st_raw(st + k * sl + ce + v * ve, seq[k + 1][v], dt);
+        simd_token_groups(x + ce, xt, os + ce, ot, T, w, b, hf, NV, dt, W, silu);
+    }
+}
+
+/* sd_direct takes plain decode of one token, and speculative decode of up to 4 tokens at
+ * widths up to 4 (the measured case: wider windows and more tokens would not leave the
+ * registers that the window, the tokens and the taps take) */
+#define SD_DIRECT_TAKES(spec, T, W) ((spec) ? (T) <= 4 && (W) <= 4 : (T) == 1)
+
+GDN_INLINE void sd_direct(const gdn_update_params *p, const gdn_request *r, int64_t c0, int64_t nline,
+                          const simd_weights *wt, const simd_next *nx, const int NV, const int dt, const int W,
+                          const int silu, const int WP, const int spec) {
+    if (!spec) {
+        sd_direct_T(p, r, c0, nline, wt, nx, NV, dt, W, silu, WP, 0, 1);
+        return;
+    }
+    switch (r->T) {
+    case 1: sd_direct_T(p, r, c0, nline, wt, nx, NV, dt, W, silu, WP, 1, 1); break;
+    case 2: sd_direct_T(p, r, c0, nline, wt, nx, NV, dt, W, silu, WP, 1, 2); break;
+    case 3: sd_direct_T(p, r, c0, nline, wt, nx, NV, dt, W, silu, WP, 1, 3); break;
+    default: sd_direct_T(p, r, c0, nline, wt, nx, NV, dt, W, silu, WP, 1, 4); break;   /* (T = 4) */
     }
 }
 #endif
@@ -466,9 +503,9 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
         simd_next nx;
         simd_next_rows(p, i, c0, &nx);
         char *st = r.state + e * c0 * sd;   /* row 0 at channel c0 */
-#ifdef SIMD_SD_T1
-        if (!spec && sd == 1 && r.T == 1 && nline > 0) {
-            sd_t1(p, &r, c0, nline, wt, &nx, NV, dt, W, silu, WP);
+#ifdef SIMD_SD_DIRECT
+        if (sd == 1 && nline > 0 && SD_DIRECT_TAKES(spec, r.T, W)) {
+            sd_direct(p, &r, c0, nline, wt, &nx, NV, dt, W, silu, WP, spec);
         } else
 #endif
         if (nline > 0) {
