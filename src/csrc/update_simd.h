@@ -467,7 +467,9 @@ static GDN_NOINLINE void tc_t1_unit(const gdn_update_params *p, int64_t r0, int6
  * rows of x, out and conv_state are often a multiple of 4 KiB apart, so reading
  * or writing one channel position in all ~2T+L of them at once lands every line in
  * one L1 set, which thrashes (measured at B=1, D=8192 bf16: 2.9 ns per channel,
- * against 1.0 when D=8704). Per slab of up to GDN_SLAB tokens:
+ * against 1.0 when D=8704). The exceptions go in place: short decode requests of a
+ * channel-contiguous state (sd_direct), one-token requests of a 16-bit
+ * time-contiguous one (tc_t1_unit). Per slab of up to GDN_SLAB tokens:
  *   buf rows 0..H-1 = the window (conv_state rows off..off+H-1, then the last H
  *   inputs of the previous slab), rows H.. = the slab's tokens (raw bits);
  *   the state roll is written from buf (state_out: row by row, or transposed for a
