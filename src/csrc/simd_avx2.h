@@ -77,6 +77,55 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
     return r;
 }
 
+/* W = 4: the taps of 8 channels (a [8, 4] block, 32 values) by a transpose within
+ * 128-bit lanes, for every weight dtype: the block's halves are put so that lane 0 of
+ * u[m] holds channel m and lane 1 channel m + 4 (the 16-bit dtypes as words in 32-bit
+ * lanes, unpacked against zero: bf16 to the high half, which is the conversion, fp16
+ * to the low half), then four unpacks and four shuffles give tap k of channels 0..3
+ * and 4..7 in place. 14 shuffles against gather_taps' 16 permutes and 16 blends after
+ * 4 conversions (fp16: 8 more shuffles and 4 conversions). */
+#define SIMD_TAPS_BLOCK(wdt, W) ((W) == 4)
+GDN_INLINE void taps_block(const char *src, const int wdt, const int W, V *t) {
+    (void)W;
+    __m256 u[4];
+    if (wdt == GDN_F32) {   /* a: channels 0, 1; b: 2, 3; c: 4, 5; d: 6, 7 */
+        const __m256 a = _mm256_loadu_ps((const float *)src), b = _mm256_loadu_ps((const float *)src + 8),
+                     c = _mm256_loadu_ps((const float *)src + 16), d = _mm256_loadu_ps((const float *)src + 24);
+        u[0] = _mm256_permute2f128_ps(a, c, 0x20);
+        u[1] = _mm256_permute2f128_ps(a, c, 0x31);
+        u[2] = _mm256_permute2f128_ps(b, d, 0x20);
+        u[3] = _mm256_permute2f128_ps(b, d, 0x31);
+    } else {                /* a: channels 0..3 (a 64-bit lane each); b: 4..7 */
+        const __m256i a = _mm256_loadu_si256((const __m256i *)src), b = _mm256_loadu_si256((const __m256i *)src + 1);
+        const __m256i r01 = _mm256_permute2x128_si256(a, b, 0x20), r23 = _mm256_permute2x128_si256(a, b, 0x31);
+        const __m256i z = _mm256_setzero_si256();
+        if (wdt == GDN_F16) {
+            u[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(r01, z));
+            u[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(r01, z));
+            u[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(r23, z));
+            u[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(r23, z));
+        } else {
+            u[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, r01));
+            u[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, r01));
+            u[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, r23));
+            u[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, r23));
+        }
+    }
+    const __m256 lo01 = _mm256_unpacklo_ps(u[0], u[1]), hi01 = _mm256_unpackhi_ps(u[0], u[1]);
+    const __m256 lo23 = _mm256_unpacklo_ps(u[2], u[3]), hi23 = _mm256_unpackhi_ps(u[2], u[3]);
+    t[0] = _mm256_shuffle_ps(lo01, lo23, 0x44);
+    t[1] = _mm256_shuffle_ps(lo01, lo23, 0xee);
+    t[2] = _mm256_shuffle_ps(hi01, hi23, 0x44);
+    t[3] = _mm256_shuffle_ps(hi01, hi23, 0xee);
+    if (wdt == GDN_F16) {   /* the halves in the low 16 bits: packed, then converted */
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m256i h = _mm256_packus_epi32(_mm256_castps_si256(t[k]), _mm256_castps_si256(t[k]));
+            t[k] = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(h, 0x08)));
+        }
+    }
+}
+
 /* silu(y) = y * sigmoid(y), each step across all n vectors.
  * 16-bit outputs: sigmoid = 1 / (1 + 2^t), t = -y log2 e clamped to [-127, 128]
  *   (max/min return the constant for a NaN t; y carries the NaN), 2^t =

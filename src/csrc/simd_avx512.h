@@ -109,11 +109,28 @@ GDN_INLINE V gather_taps(const V *v, const int W, const int k) {
 }
 
 /* 16-bit weights with W <= 4 fit in two zmm (16 W words): one word permute per tap
- * gathers its 16 values, a third of the operations of gather_taps after conversion. */
-#define SIMD_TAPS16 1
-GDN_INLINE void taps16(const char *src, const int wdt, const int W, V *t) {
+ * gathers its 16 values, a third of the operations of gather_taps after conversion.
+ * bf16 at even W, whose taps pair up as dwords: one dword permute per pair (none at
+ * W = 2), split as wpair splits vLLM's packed pairs (a two-source word permute takes
+ * two cycles of port 5 on Intel, a dword one one). */
+#define SIMD_TAPS_BLOCK(wdt, W) ((wdt) != GDN_F32 && (W) <= 4)
+GDN_INLINE void taps_block(const char *src, const int wdt, const int W, V *t) {
     const __mmask32 mhi = W == 4 ? 0xffffffffu : W == 3 ? 0xffffu : 0;   /* words 32.. (W >= 2) */
     const __m512i lo = _mm512_loadu_si512(src), hi = _mm512_maskz_loadu_epi16(mhi, src + 64);
+    if (wdt == GDN_BF16 && W % 2 == 0) {
+        const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        __m512i d[2] = {lo, lo};   /* d[m], lane j: taps 2m, 2m + 1 of channel j */
+        if (W == 4) {
+            d[0] = _mm512_permutex2var_epi32(lo, even, hi);
+            d[1] = _mm512_permutex2var_epi32(lo, _mm512_add_epi32(even, _mm512_set1_epi32(1)), hi);
+        }
+#pragma GCC unroll 2
+        for (int m = 0; 2 * m < W; m++) {
+            t[2 * m] = _mm512_castsi512_ps(_mm512_slli_epi32(d[m], 16));
+            t[2 * m + 1] = _mm512_castsi512_ps(_mm512_and_si512(d[m], _mm512_set1_epi32((int)0xffff0000u)));
+        }
+        return;
+    }
     const __m512i j = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                        15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 #pragma GCC unroll 4

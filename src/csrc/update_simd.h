@@ -7,7 +7,8 @@
  *   vload, vstore, vfma
  *   vsilu_n(y, n, dt)     silu of n vectors in place, each step across all n
  *   gather_taps(v, W, k)  tap k of LANES channels from W vectors holding [LANES, W]
- *   taps16(src, wdt, W, t)  optional (SIMD_TAPS16): the same for 16-bit weights, W <= 4
+ *   taps_block(src, wdt, W, t)  optional: the same for all W taps of a block at src,
+ *                         where SIMD_TAPS_BLOCK(wdt, W) says it takes the dtype and width
  *   wpair(src, lo, hi)    LANES 32-bit lanes of bf16 pairs as fp32, low halves to *lo,
  *                         high halves to *hi (vLLM's packed weight: gdnconv.h)
  *   st2_native(p, lo, hi)   optional (SIMD_ST2_NATIVE): store two vectors of dtype
@@ -566,17 +567,17 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
 
 /* Weights of channels c0.. from a contiguous (D, W) array to W fp32 tap rows
  * (w[k * ld + c]), LANES channels at a time: W vector loads of the channel-major
- * block [LANES, W], then per tap a lane permute (gather_taps), or the ISA's taps16
- * for 16-bit weights with W <= 4. */
+ * block [LANES, W], then per tap a lane permute (gather_taps), or the ISA's
+ * taps_block where it takes the dtype and width (SIMD_TAPS_BLOCK). */
 GDN_INLINE void simd_fill_weights(const gdn_update_params *p, int64_t c0, int64_t nvec, float *w, int64_t ld,
                                   const int wdt, const int W) {
     const int64_t e = gdn_elsize(wdt);
     for (int64_t c = 0; c < nvec; c += LANES) {
         const char *src = (const char *)p->weight + e * (c0 + c) * W;   /* [LANES, W] */
         V t[GDN_MAX_WIDTH];
-#ifdef SIMD_TAPS16
-        if (wdt != GDN_F32 && W <= 4) {
-            taps16(src, wdt, W, t);
+#ifdef SIMD_TAPS_BLOCK
+        if (SIMD_TAPS_BLOCK(wdt, W)) {
+            taps_block(src, wdt, W, t);
         } else
 #endif
         {
