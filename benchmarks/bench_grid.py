@@ -22,6 +22,12 @@ same layers' memory:
           result written into x (which a rotation cannot repeat: fed back, the values grow
           to inf). A per-layer out (stops before 39) made its writes cold: the shared
           one takes 0.80-1.03x its time (benchmarks/README.md, stop 39)
+  plugin  gdnconv through its vLLM plugin (gdnconv.vllm_plugin), as vLLM's engine calls it:
+          the drop-in, behind the plugin's routing wrapper, for the function vLLM's GDN layer
+          calls (gdn_attention._causal_conv1d_update_cpu / _causal_conv1d_fwd_cpu with vLLM's
+          packed weight where vLLM's op runs; elsewhere causal_conv1d_update_cpu /
+          causal_conv1d_fn_cpu with the plain weight), a new out per call as vLLM's op
+          returns one (benchmarks/bench_vllm.py's Peer.plugin)
   vLLM    torch.ops._C.causal_conv1d_update_cpu / causal_conv1d_fwd_cpu, weights packed
           once per layer (benchmarks/bench_vllm.py, bench_prefill.py build the layers)
   copy    np.copyto rotated through its own buffers: of the call's byte count
@@ -54,11 +60,12 @@ import bench_vllm
 from gdnconv.timing import BUSY_PCT, CpuMeter, wait_quiet
 from harness import Rotation, add_mode_arguments, calibrate, copy_same_bytes, cycle, sample_ns, stats
 
-PEERS = ("np", "vllm.py", "vLLM", "copy")
+PEERS = ("np", "vllm.py", "plugin", "vLLM", "copy")
 # CSV column: (peer, divided by peer, table heading), ratios of the peers' medians
 RATIOS = {"np_vllm": ("np", "vLLM", "np/vLLM"), "py_vllm": ("vllm.py", "vLLM", "py/vLLM"),
+          "pl_vllm": ("plugin", "vLLM", "pl/vLLM"),
           "np_copy": ("np", "copy", "np/copy"), "py_copy": ("vllm.py", "copy", "py/copy"),
-          "vllm_copy": ("vLLM", "copy", "vLLM/cp")}
+          "pl_copy": ("plugin", "copy", "pl/copy"), "vllm_copy": ("vLLM", "copy", "vLLM/cp")}
 
 
 def decode_case(torch, ops, rng, mode, D, B, rotation, weight):
@@ -80,6 +87,7 @@ def decode_case(torch, ops, rng, mode, D, B, rotation, weight):
     peers = {"np": cycle([q.gdn(plain=plain) for q in layers], turn),
              "vllm.py": cycle([q.gdn_vllm(plain=plain, packed=vllm_packs(ops, weight), out=shared) for q in layers],
                               turn),
+             "plugin": cycle([q.plugin(plain=plain, packed=ops is not None) for q in layers], turn),
              "vLLM": cycle([q.vllm(plain=plain) for q in layers], turn) if ops is not None else None,
              "copy": copy_same_bytes(nbytes, rotation.layers(2 * nbytes))}
     return {k: f for k, f in peers.items() if f is not None}, nbytes, len(layers)
@@ -94,6 +102,7 @@ def prefill_case(torch, ops, rng, D, B, T, rotation, weight):
     nbytes = layers[0].nbytes
     peers = {"np": cycle([c.gdn_numpy(packed=weight == "packed") for c in layers], turn),
              "vllm.py": cycle([c.gdn_vllm(packed=vllm_packs(ops, weight)) for c in layers], turn),
+             "plugin": cycle([c.plugin(packed=ops is not None) for c in layers], turn),
              "vLLM": cycle([c.vllm for c in layers], turn) if ops is not None else None,
              "copy": copy_same_bytes(nbytes // 2, rotation.layers(nbytes))}
     return {k: f for k, f in peers.items() if f is not None}, nbytes, len(layers)
@@ -142,9 +151,10 @@ def main(argv=None):
                     help="packed: every library its weight as packed once at load, as an engine holds it (np: "
                          "gdnconv.pack_weight's float32 layout; vllm.py: vLLM's packed weight with "
                          "is_weight_packed=True, which vLLM's GDN layer hands over on the CPUs its op runs on; "
-                         "with --without-vllm vllm.py gets the raw weight, as vLLM packs none there); raw: both "
-                         "gdnconv peers the plain bf16 (D, W) weight, converted in every call (the figures of "
-                         "stops before 38); vLLM always gets its packed weight (default: %(default)s)")
+                         "with --without-vllm vllm.py gets the raw weight, as vLLM packs none there); raw: np "
+                         "and vllm.py the plain bf16 (D, W) weight, converted in every call (the figures of "
+                         "stops before 38); vLLM always gets its packed weight, and plugin the weight vLLM's engine hands over "
+                         "(packed where vLLM's op runs) (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", default=os.path.join("bench_out", "bench_grid.csv"), help="CSV path ('' for none)")
     add_mode_arguments(ap, layers=32)
@@ -233,7 +243,9 @@ def worst(rows):
     line("np / vLLM, every case", "np_vllm", 0.8, lambda r: True)
     line("vllm.py / vLLM, every case", "py_vllm", 0.8, lambda r: True)
     line("np / copy, decode B >= 4", "np_copy", 1.0, lambda r: decode(r) and r["B"] >= 4)
+    line("plugin / vLLM, every case", "pl_vllm", 0.8, lambda r: True)
     line("vllm.py / copy, decode B >= 4", "py_copy", 1.0, lambda r: decode(r) and r["B"] >= 4)
+    line("plugin / copy, decode B >= 4", "pl_copy", 1.0, lambda r: decode(r) and r["B"] >= 4)
     line("np / vLLM, prefill 1x512", "np_vllm", 0.6, lambda r: r["mode"] == "prefill" and r["shape"] == "1x512")
     line("np / copy, prefill", "np_copy", 1.2, lambda r: r["mode"] == "prefill")
 

@@ -98,6 +98,21 @@ class Layer:
                                            k["has_initial_state"], activation="silu", pad_slot_id=-1,
                                            is_weight_packed=packed)
 
+    def plugin(self, packed=False):
+        """gdnconv through its vLLM plugin, as vLLM's engine calls it: with ``packed`` the
+        drop-in for ``gdn_attention._causal_conv1d_fwd_cpu`` (vLLM's packed weight), else the
+        one for ``causal_conv1d_fn_cpu`` (the plain weight); views as in ``gdn_vllm``."""
+        from bench_vllm import plugin_route
+        x, st, k = self.x.T, self.state.transpose(1, 2), self.kw
+        if packed:
+            f = plugin_route("_causal_conv1d_fwd_cpu")
+            return lambda: f(x=x, weight=self.wpack, bias=None, conv_states=st, query_start_loc=k["query_start_loc"],
+                             cache_indices=k["cache_indices"], has_initial_state=k["has_initial_state"],
+                             silu_activation=True, is_weight_packed=True)
+        f = plugin_route("causal_conv1d_fn_cpu")
+        return lambda: f(x, self.w, None, st, k["query_start_loc"], k["cache_indices"], k["has_initial_state"],
+                         activation="silu", pad_slot_id=-1)
+
     def vllm(self):
         k = self.kw
         return self.ops.causal_conv1d_fwd_cpu(self.x.T, self.wpack, None, self.state.transpose(1, 2),

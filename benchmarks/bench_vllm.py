@@ -77,6 +77,20 @@ def _load(lib):
     return torch, torch.ops._C
 
 
+def plugin_route(attribute):
+    """gdnconv's vLLM plugin (``gdnconv.vllm_plugin``) for vLLM's function ``attribute``: its
+    drop-in behind the plugin's routing wrapper, the call vLLM's engine makes once the plugin
+    is registered. A call the drop-in refuses raises here instead of falling back to vLLM's
+    function, so a timing is always gdnconv's."""
+    from gdnconv import vllm_plugin
+
+    route = next(r for r in vllm_plugin.ROUTES if r.attribute == attribute)
+
+    def stock(*args, **kwargs):
+        raise AssertionError(f"gdnconv's vLLM plugin handed a call of {attribute} back to vLLM")
+    return vllm_plugin._wrap(route, stock, getattr(vllm_plugin, route.drop_in), False)
+
+
 class Peer:
     """The same step with gdnconv and with vLLM on shared memory."""
 
@@ -130,6 +144,27 @@ class Peer:
         if out:
             return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx, out=o)
         return lambda: f(x, st, w, b, activation=act, num_accepted_tokens=na, conv_state_indices=idx)
+
+    def plugin(self, plain=False, packed=False):
+        """gdnconv through its vLLM plugin, a new out per call, as vLLM's engine calls it:
+        with ``packed`` (where vLLM's op runs) the drop-in for vLLM's
+        ``gdn_attention._causal_conv1d_update_cpu``, which vLLM's GDN layer calls there with
+        x (B, D) and its packed weight (spec: x (B, T, D) and num_accepted_tokens, as vLLM's
+        equal-length speculative step calls it); else the one for
+        ``causal_conv1d_update_cpu``, which vLLM calls elsewhere with the plain (D, W) weight
+        (spec: x (B, D, T) and num_accepted_tokens). Padding marked -1 (the slots include 0);
+        ``plain`` as in ``vllm``."""
+        x, st, na = self.xt, self.st.transpose(1, 2), None if plain else self.nat
+        if packed:
+            f = plugin_route("_causal_conv1d_update_cpu")
+            x = x[:, 0] if plain else x
+            return lambda: f(x=x, conv_states=st, weight=self.wv, bias=self.bt, silu_activation=self.silu,
+                             conv_state_indices=self.idxt, is_weight_packed=True, num_accepted_tokens=na)
+        f = plugin_route("causal_conv1d_update_cpu")
+        x, kw = (x[:, 0], {}) if plain else (x.transpose(1, 2), {"num_accepted_tokens": na})
+        act = "silu" if self.silu else None
+        return lambda: f(x=x, conv_state=st, weight=self.wt, bias=self.bt, activation=act,
+                         conv_state_indices=self.idxt, pad_slot_id=-1, **kw)
 
     def gdn_vllm(self, plain=False, packed=False, out=None):
         """gdnconv through ``gdnconv.vllm.causal_conv1d_update`` with vLLM's views (x (B, D, T)

@@ -205,9 +205,10 @@ def test_bench_grid_without_vllm_times_gdnconv_against_the_copy(capsys):
                             "--sample-us", "10", "--wait-quiet", "0", "--warm", "--csv", ""]) == 0
     out = capsys.readouterr().out
     head = next(line for line in out.splitlines() if line.split()[:2] == ["mode", "D"])
-    assert head.split() == ["mode", "D", "shape", "MB", "layers", "np", "vllm.py", "copy", "np/copy", "py/copy",
-                            "iqr%", "other%"]
+    assert head.split() == ["mode", "D", "shape", "MB", "layers", "np", "vllm.py", "plugin", "copy", "np/copy",
+                            "py/copy", "pl/copy", "iqr%", "other%"]
     rows = [line.split() for line in out.splitlines() if line.split()[:2] in (["plain", "64"], ["prefill", "64"])]
     assert [r[:3] for r in rows] == [["plain", "64", "B=4"], ["prefill", "64", "1x16"]]
-    assert all(len(r) == len(head.split()) and float(r[8]) > 0 and float(r[9]) > 0 for r in rows)
-    assert "np / copy, decode B >= 4" in out and "np / copy, prefill" in out and "vLLM, every case" not in out
+    assert all(len(r) == len(head.split()) and all(float(v) > 0 for v in r[9:12]) for r in rows)
+    assert "np / copy, decode B >= 4" in out and "plugin / copy, decode B >= 4" in out
+    assert "np / copy, prefill" in out and "vLLM, every case" not in out

@@ -224,8 +224,8 @@ def _plain(t):
     functions off (~0.5 us), so that the core's first try, which takes exact types only, reads it
     and the subclass's functions do not run on every attribute the full path reads (~1.3 us a
     detach); anything else, and anything while torch.compile traces, as it is."""
-    if type(t) in _EXACT or not isinstance(t, torch.Tensor) or _is_compiling():
-        return t
+    if t is None or type(t) in _EXACT or not isinstance(t, torch.Tensor) or _is_compiling():
+        return t   # (None first: isinstance against torch.Tensor runs its metaclass's check, ~0.1 us)
     with _no_subclass_functions():
         return t.detach()
 
