@@ -80,15 +80,13 @@ def _load(lib):
 def plugin_route(attribute):
     """gdnconv's vLLM plugin (``gdnconv.vllm_plugin``) for vLLM's function ``attribute``: its
     drop-in behind the plugin's routing wrapper, the call vLLM's engine makes once the plugin
-    is registered. A call the drop-in refuses raises here instead of falling back to vLLM's
-    function, so a timing is always gdnconv's."""
+    is registered. The drop-in stands in for vLLM's function too (the same signature), so a
+    call it refuses raises here instead of falling back to vLLM's: a timing is always gdnconv's."""
     from gdnconv import vllm_plugin
 
     route = next(r for r in vllm_plugin.ROUTES if r.attribute == attribute)
-
-    def stock(*args, **kwargs):
-        raise AssertionError(f"gdnconv's vLLM plugin handed a call of {attribute} back to vLLM")
-    return vllm_plugin._wrap(route, stock, getattr(vllm_plugin, route.drop_in), False)
+    drop_in = getattr(vllm_plugin, route.drop_in)
+    return vllm_plugin._wrap(route, drop_in, drop_in, False)
 
 
 class Peer:

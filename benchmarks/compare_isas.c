@@ -127,7 +127,7 @@ static void update_case(tally *t, const char *isa, int dt, int W, int silu, int 
     gdn_update_params p;
     memset(&p, 0, sizeof p);
     p.batch = B, p.dim = D, p.width = W, p.state_len = L, p.num_slots = S, p.seqlen = T, p.pad_slot_id = -1;
-    p.dtype = dt, p.weight_dtype = wdt, p.silu = silu, p.zero_skipped = 1;
+    p.dtype = dt, p.weight_dtype = wdt, p.silu = silu, p.skipped_rows = GDN_SKIPPED_ZERO;
     p.x = x, p.x_stride_b = varlen ? 0 : T * D, p.x_stride_t = D, p.x_stride_d = 1;   /* varlen: [N, D] */
     p.out = out, p.out_stride_b = p.x_stride_b, p.out_stride_t = D, p.out_stride_d = 1;
     if (layout == 0) p.state_stride_s = L * D, p.state_stride_l = D, p.state_stride_d = 1;

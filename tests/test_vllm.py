@@ -302,6 +302,28 @@ def _core_entries(monkeypatch):
     return entries
 
 
+@pytest.mark.parametrize("given_out", [False, True])
+def test_core_entry_skipped_rows_from_x(given_out):
+    """skipped_rows_from_x (the plugin's drop-in for vLLM's causal_conv1d_update_cpu, whose op
+    returns a copy of x with the live rows computed): a pad request's out rows take x's values
+    in a new out and in a given one, the live rows and the state are the reference's; traced
+    under torch.compile it is refused rather than computed otherwise."""
+    conv_state, weight, bias, tokens = _tensors(21, "bf16", 3, 2, 96, 4, 3, 5, "SD")
+    slots = torch.tensor([4, -1, 0], dtype=torch.int32)
+    st, x = conv_state.clone(), tokens.transpose(1, 2)           # vLLM's (B, D, T) view
+    out = torch.full_like(x, 7.0) if given_out else None
+    res = gdnconv._core._conv_update_vllm(x, st, weight, bias, activation="silu", conv_state_indices=slots,
+                                          out=out, skipped_rows_from_x=True)
+    assert res is out if given_out else res.shape == x.shape
+    assert torch.equal(res[1], x[1]), "the pad request's rows: x's"
+    _check(res, as_np(tokens), st, as_np(conv_state.transpose(1, 2)), weight, bias,
+           mode_kw=dict(activation="silu", conv_state_indices=slots.numpy()), out_bt=res.transpose(1, 2),
+           skip=np.array([False, True, False]))
+    with pytest.raises(NotImplementedError, match="skipped_rows_from_x is for eager calls"):
+        gv._update_vllm_traced(x, conv_state.clone(), weight, bias, activation="silu", conv_state_indices=slots,
+                               skipped_rows_from_x=True)
+
+
 @pytest.mark.parametrize("route", ["adapter", "plugin"])
 def test_packed_weights_of_the_wrong_kind_are_refused(route):
     """is_weight_packed=True refuses a packed weight of a dtype gdnconv does not take (no silent

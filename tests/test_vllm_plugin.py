@@ -3,6 +3,7 @@ fallbacks and shadow mode, on stand-in modules with vLLM 0.32's signatures (vLLM
 installed in the test environment: tests/test_vllm_engine.py runs the real engine), and the
 drop-ins against vLLM's own C++ ops where its op library loads."""
 import importlib.metadata
+import inspect
 import logging
 import sys
 import types
@@ -99,7 +100,12 @@ def test_register_routes_every_site_and_logs_one_line(fake_vllm, caplog):
     f = fake_vllm
     for route in vp.ROUTES:
         mod = sys.modules[route.module]
-        assert getattr(mod, route.attribute).__wrapped__ is f.fns[route.attribute]
+        routed, stock = getattr(mod, route.attribute), f.fns[route.attribute]
+        assert routed.__wrapped__ is stock
+        # vLLM's parameters, kinds and defaults, passed on as bound (not through *args, **kwargs)
+        kinds = lambda fn: [(p.name, p.kind, p.default)
+                            for p in inspect.signature(fn, follow_wrapped=False).parameters.values()]
+        assert kinds(routed) == kinds(stock)
     # the copies modules made with `from ... import` are replaced too
     assert f.gdn.causal_conv1d_update_cpu is f.cpu.causal_conv1d_update_cpu
     assert f.gdn.causal_conv1d_torch is f.cpu.causal_conv1d_fn_cpu
@@ -205,7 +211,9 @@ def test_routed_calls_count_and_refusals_fall_back(fake_vllm, caplog):
 
 def test_update_cpu_drop_in_keeps_the_cpu_bindings_pad_marker(fake_vllm):
     """causal_conv1d_update_cpu pads with pad_slot_id, else null_block_id, else 0 (vLLM's code):
-    its drop-in skips slot 0 by default, where the C++ ops' drop-ins take slot 0 as live."""
+    its drop-in skips slot 0 by default, where the C++ ops' drop-ins take slot 0 as live. It
+    returns a new tensor, a copy of x with the live rows computed, as vLLM's op does: the pad
+    rows are x's."""
     vp.register()
     f = fake_vllm
     cache, weight, bias, x = _tensors(2)
@@ -219,7 +227,33 @@ def test_update_cpu_drop_in_keeps_the_cpu_bindings_pad_marker(fake_vllm):
                                             activation="silu", conv_state_indices=slots.numpy(), pad_slot_id=pad)
         live = slots.numpy() != pad
         assert_outputs_close(out, ref_out, mag, silu=True, rows=live)
+        assert torch.equal(out[~torch.from_numpy(live)], xs[~torch.from_numpy(live)]), "pad rows: x's"
         assert_bits_equal(st, ref_state, "conv_state")
+    assert gv.counters()["conv.update"] == {"routed": 3, "fallback": 0}
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_update_cpu_drop_in_speculative_and_other_x_dtype(fake_vllm, x_dtype):
+    """causal_conv1d_update_cpu's drop-in with vLLM's (B, D, T) x and num_accepted_tokens (the
+    Triton kernel's semantics): pad rows x's, live rows and the state the reference's. A float32
+    x with a bf16 state is computed on x.to(bf16), as vLLM computes, and returned as float32."""
+    vp.register()
+    f = fake_vllm
+    cache, weight, bias, x = _tensors(5, B=4, T=3, L=5)
+    slots = torch.tensor([4, 0, 2, 1], dtype=torch.int32)
+    nat = torch.tensor([1, 3, 2, 2], dtype=torch.int32)
+    st = cache.clone()
+    xs = x.to(x_dtype)                               # (B, T, D), passed as vLLM's (B, D, T) view
+    out = f.cpu.causal_conv1d_update_cpu(xs.transpose(1, 2), st.transpose(1, 2), weight, bias, "silu", slots,
+                                         pad_slot_id=0, num_accepted_tokens=nat)
+    assert out.dtype == x_dtype and out.shape == (4, 64, 3) and torch.equal(xs, x.to(x_dtype))
+    ref_out, ref_state, mag = reference(as_np(x), as_np(cache), as_np(weight), as_np(bias), activation="silu",
+                                        num_accepted_tokens=nat.numpy(), conv_state_indices=slots.numpy(),
+                                        pad_slot_id=0)
+    live = slots.numpy() != 0
+    assert_outputs_close(out.transpose(1, 2).to(torch.bfloat16), ref_out, mag, silu=True, rows=live)
+    assert torch.equal(out[1], xs.transpose(1, 2)[1]), "the pad request's rows: x's"
+    assert_bits_equal(st, ref_state, "conv_state")
 
 
 def test_shadow_mode_compares_with_vllms_function(fake_vllm, monkeypatch):

@@ -77,6 +77,11 @@ const char *gdn_active_isa(void);
  * are in elements, not bytes. Token t of request i lives at
  *   x + i * x_stride_b + (start_i + t) * x_stride_t + d * x_stride_d
  * where start_i = query_start_loc[i] (varlen, x_stride_b = 0) or 0 (fixed T). */
+/* What a call writes to the out rows of pad-slot requests: nothing (a given out keeps
+ * them), zeros (a new out), or x's rows (the update only: vLLM's CPU op returns a copy
+ * of x with the live requests' rows computed). */
+typedef enum { GDN_SKIPPED_KEEP = 0, GDN_SKIPPED_ZERO = 1, GDN_SKIPPED_X = 2 } gdn_skipped_rows;
+
 typedef struct gdn_update_params {
     int64_t batch;          /* B requests */
     int64_t dim;            /* D channels */
@@ -89,7 +94,7 @@ typedef struct gdn_update_params {
     int dtype;              /* gdn_dtype of x, out, conv_state */
     int weight_dtype;       /* gdn_dtype of weight and bias: dtype or GDN_F32 */
     int silu;               /* 1: out = silu(conv), 0: out = conv */
-    int zero_skipped;       /* 1: write zeros to out rows of pad-slot requests */
+    int skipped_rows;       /* out rows of pad-slot requests: a gdn_skipped_rows */
 
     const void *x;          /* [B, T, D] or [N, D] */
     int64_t x_stride_b, x_stride_t, x_stride_d;

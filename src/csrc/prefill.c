@@ -112,7 +112,7 @@ static void run_unit(const prefill_run *run, int64_t u) {
         const int64_t s = request_start(p, i);
         if (r.T <= 0) continue;
         if (r.skip) {   /* a pad request */
-            if (p->zero_skipped) {
+            if (p->skipped_rows == GDN_SKIPPED_ZERO) {
                 const int64_t t0 = g0 > s ? g0 - s : 0, t1 = g1 - s < r.T ? g1 - s : r.T;
                 zero_rows(p, &r, c0, c1, t0, t1);
             }

@@ -124,7 +124,8 @@ static void unit_of(const update_run *run, int64_t u, int64_t *r0, int64_t *bloc
     *block = g * per + v % nb;
 }
 
-/* Unit u: requests [r0, r1) x a channel block. Rows of pad requests are zeroed when asked. */
+/* Unit u: requests [r0, r1) x a channel block. Rows of pad requests are zeroed or take
+ * x's values when asked. */
 static void run_unit(const update_run *run, const gdn_update_params *p, int64_t u) {
     int64_t r0, block;
     unit_of(run, u, &r0, &block);
@@ -141,14 +142,17 @@ static void run_unit(const update_run *run, const gdn_update_params *p, int64_t 
             gdn_copy_rows(p, p->initial_state_indices[i], dst, r.off, p->width - 1, c0, c1);
     }
     run->kernel(p, r0, r1, c0, c1);
-    if (!p->zero_skipped) return;
-    const int e = gdn_elsize(p->dtype);
+    if (p->skipped_rows == GDN_SKIPPED_KEEP) return;
+    const int e = gdn_elsize(p->dtype), from_x = p->skipped_rows == GDN_SKIPPED_X;
     for (int64_t i = r0; i < r1; i++) {
         if (!gdn_is_pad(p, i)) continue;
         const gdn_request r = gdn_get_request(p, i);
         for (int64_t t = 0; t < r.T; t++) {
             char *row = r.out + (int64_t)e * t * p->out_stride_t;
-            for (int64_t c = c0; c < c1; c++) gdn_store_raw(row, c * p->out_stride_d, 0, p->dtype);
+            const char *xrow = r.x + (int64_t)e * t * p->x_stride_t;
+            for (int64_t c = c0; c < c1; c++)
+                gdn_store_raw(row, c * p->out_stride_d, from_x ? gdn_load_raw(xrow, c * p->x_stride_d, p->dtype) : 0,
+                              p->dtype);
         }
     }
 }

@@ -26,9 +26,12 @@ cdef extern from "gdnconv/gdnconv.h" nogil:
         GDN_ERR_SNAPSHOT_SLOT_RANGE
         GDN_ERR_SNAPSHOT_DUPLICATE
         GDN_FEATURE_COUNT
+        GDN_SKIPPED_KEEP
+        GDN_SKIPPED_ZERO
+        GDN_SKIPPED_X
     ctypedef struct gdn_update_params:
         int64_t batch, dim, width, state_len, num_slots, seqlen, pad_slot_id
-        int dtype, weight_dtype, silu, zero_skipped
+        int dtype, weight_dtype, silu, skipped_rows
         const void *x
         int64_t x_stride_b, x_stride_t, x_stride_d
         void *out

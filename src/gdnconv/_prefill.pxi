@@ -212,7 +212,8 @@ cdef int _prefill_params(_Prefill c, bint has_bias, bint has_idx, bint zero_skip
     memset(&c.p, 0, sizeof(gdn_prefill_params))
     p.batch, p.dim, p.width, p.state_len, p.num_slots, p.seqlen = c.B, c.D, c.W, c.L, c.S, c.T
     p.pad_slot_id = c.pad_slot_id
-    p.dtype, p.weight_dtype, p.silu, p.zero_skipped = c.dt, c.wdt, c.silu, zero_skipped
+    p.dtype, p.weight_dtype, p.silu = c.dt, c.wdt, c.silu
+    p.skipped_rows = GDN_SKIPPED_ZERO if zero_skipped else GDN_SKIPPED_KEEP
     p.x = c.xv.ptr
     _rows(&c.xv, c.varlen, &p.x_stride_b, &p.x_stride_t, &p.x_stride_d)
     p.out = c.ov.ptr

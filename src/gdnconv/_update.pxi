@@ -11,6 +11,7 @@ cdef class _Update:
     cdef bint packed            # is_weight_packed: the weight in vLLM's packed layout
     cdef bint vllm              # arguments in vLLM's order (gdnconv.vllm): state (S, D, L), x (B, D, T)
     cdef bint vllm_x            # x and out in vLLM's (B, D, T) order (vllm, but for vLLM's C++ op's (B, T, D))
+    cdef bint skipped_from_x    # out rows of skipped (pad-slot) requests take x's values
     cdef int64_t B, T, N, S, L, D, W, pad_slot_id
     cdef int dt, wdt, silu
 
@@ -174,7 +175,7 @@ cdef void _rows(const View *v, bint varlen, int64_t *sb, int64_t *st, int64_t *s
         sb[0], st[0], sd[0] = v.strides[0], 0, v.strides[1]
 
 
-cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bint zero_skipped,
+cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bint new_out,
                         bint has_isi=False) except -1:
     """The one place the update's params are filled, from the checked views (x and
     out final), then the index arrays validated in C; nothing is written."""
@@ -183,7 +184,8 @@ cdef int _update_params(_Update c, bint has_bias, bint has_idx, bint has_nat, bi
     memset(p, 0, sizeof(gdn_update_params))
     p.batch, p.dim, p.width, p.state_len, p.num_slots, p.seqlen = c.B, c.D, c.W, c.L, c.S, c.T
     p.pad_slot_id = c.pad_slot_id
-    p.dtype, p.weight_dtype, p.silu, p.zero_skipped = c.dt, c.wdt, c.silu, zero_skipped
+    p.dtype, p.weight_dtype, p.silu = c.dt, c.wdt, c.silu
+    p.skipped_rows = GDN_SKIPPED_X if c.skipped_from_x else GDN_SKIPPED_ZERO if new_out else GDN_SKIPPED_KEEP
     p.x = c.xv.ptr
     _rows(&c.xv, c.varlen, &p.x_stride_b, &p.x_stride_t, &p.x_stride_d)
     p.out = c.ov.ptr
@@ -316,7 +318,8 @@ def conv_update_multi(x, conv_state, weight, bias=None, *, activation="silu",
 @cython.embedsignature.format("clinic")
 def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
                       conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
-                      initial_state_indices=None, plain_tensors=False, tokens_last=False, is_weight_packed=False):
+                      initial_state_indices=None, plain_tensors=False, tokens_last=False, is_weight_packed=False,
+                      skipped_rows_from_x=False):
     """conv_update_multi on tensors in vLLM's order (gdnconv.vllm): conv_state (S, D, L), a 3-D
     x and out (B, D, T), or (B, T, D) with tokens_last (vLLM's C++ op's order: the plugin's
     drop-in); read as gdnconv's views, no transposed tensors made. Errors name the
@@ -324,9 +327,13 @@ def _conv_update_vllm(x, conv_state, weight, bias=None, *, activation=None, num_
     redoes through its full path where this refuses: every argument given must then be a
     torch.Tensor or nn.Parameter, or for the weight and bias a numpy.ndarray (a caller's
     NumPy weights; TypeError for anything else, before any of them is read), so that a refused try
-    runs no user code (no __array__, no subclass's __torch_function__)."""
+    runs no user code (no __array__, no subclass's __torch_function__). skipped_rows_from_x: the
+    out rows of skipped (pad-slot) requests take x's values, not zeros (a new out) or their old
+    values (a given one): what vLLM's CPU op causal_conv1d_update_cpu returns, a copy of x with
+    the live requests' rows computed (the plugin's drop-in for it, in eager mode only)."""
     cdef _Update c = _Update()
     c.packed = _flag(is_weight_packed, "is_weight_packed")
+    c.skipped_from_x = _flag(skipped_rows_from_x, "skipped_rows_from_x")
     c.vllm = True
     c.vllm_x = not tokens_last
     if plain_tensors:

@@ -526,9 +526,13 @@ def _tokens(t):
 
 def _update_vllm_traced(x, conv_state, weight, bias=None, *, activation=None, num_accepted_tokens=None,
                         conv_state_indices=None, query_start_loc=None, pad_slot_id=-1, out=None,
-                        initial_state_indices=None, plain_tensors=False, tokens_last=False, is_weight_packed=False):
+                        initial_state_indices=None, plain_tensors=False, tokens_last=False, is_weight_packed=False,
+                        skipped_rows_from_x=False):
     """``_core._conv_update_vllm`` as ``torch.compile`` traces it (views are free in a graph;
-    ``plain_tensors`` is an eager try's, never traced)."""
+    ``plain_tensors`` is an eager try's, never traced, and so is ``skipped_rows_from_x``, the
+    plugin's eager drop-in's)."""
+    if skipped_rows_from_x:
+        raise NotImplementedError("skipped_rows_from_x is for eager calls (gdnconv.vllm_plugin's), not traced")
     tokens = (lambda t: t) if tokens_last else _tokens
     res = _g.conv_update_multi(tokens(x), conv_state.transpose(1, 2), weight, bias, activation=activation,
                                num_accepted_tokens=num_accepted_tokens, conv_state_indices=conv_state_indices,

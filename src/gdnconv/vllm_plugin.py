@@ -174,6 +174,16 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
     if pad is None:
         pad = kwargs.get("null_block_id")
         pad = gv.NULL_BLOCK_ID if pad is None else pad
+    if (query_start_loc is None and not _cache_kw(kwargs) and type(kwargs.get("max_query_len", -1)) is int
+            and not gv._is_compiling()):
+        try:     # the usual call as one core call: a new out, its pad rows x's (x and the state alike in dtype)
+            return gv._core._conv_update_vllm(x, conv_state, gv._plain(weight), gv._plain(bias), activation=activation,
+                                              num_accepted_tokens=kwargs.get("num_accepted_tokens"),
+                                              conv_state_indices=conv_state_indices, pad_slot_id=pad,
+                                              plain_tensors=True, skipped_rows_from_x=True,
+                                              is_weight_packed=kwargs.get("is_weight_packed", False))
+        except (TypeError, ValueError):
+            pass
     xc = x.to(conv_state.dtype, copy=True)    # vLLM computes on x.to(conv_state.dtype)
     res = gv.causal_conv1d_update(xc, conv_state, weight, bias, activation, conv_state_indices,
                                   kwargs.get("num_accepted_tokens"), query_start_loc,
@@ -240,32 +250,73 @@ def _params(fn):
         return None
 
 
+# The routed function: stock's own parameters, each passed on as bound, so that a call costs what a
+# call of the drop-in does (forwarding *args and **kwargs took ~0.5 us more a call); _forwarding
+# writes its parameter list and call.
+_ROUTED = """def routed({params}):
+    if _gdn_pending:
+        _gdn_announce()
+    try:
+        _gdn_result = _gdn_drop_in({call})
+    except (ValueError, TypeError) as _gdn_e:     # refused before anything was written
+        return _gdn_refused(_gdn_e)({call})
+    _gdn_counts["routed"] += 1
+    return _gdn_result
+"""
+
+
+def _forwarding(fn):
+    """(parameters, call): fn's parameter list without defaults and a call passing each parameter
+    on as bound, as source. Positional-only parameters, ``*args`` and names of the routed
+    function's own (``_gdn_``) are not written: ValueError (vLLM 0.32's functions have none)."""
+    import inspect
+    params, call = [], []
+    for p in inspect.signature(fn).parameters.values():
+        if p.name.startswith("_gdn_") or p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL):
+            raise ValueError(f"{fn.__name__}'s parameter {p} cannot be forwarded")
+        if p.kind is p.KEYWORD_ONLY and "*" not in params:
+            params.append("*")
+        params.append(f"**{p.name}" if p.kind is p.VAR_KEYWORD else p.name)
+        call.append(f"**{p.name}" if p.kind is p.VAR_KEYWORD else
+                    f"{p.name}={p.name}" if p.kind is p.KEYWORD_ONLY else p.name)
+    return ", ".join(params), ", ".join(call)
+
+
 def _wrap(route, stock, drop_in, shadow):
+    """stock's replacement: drop_in with stock's parameters and defaults, counted; a call drop_in
+    refuses (nothing written) goes to stock, logged once; in shadow mode each routed call is
+    compared with stock's on clones."""
     import gdnconv.vllm as gv
     counts = gv._counters.setdefault(route.site, {"routed": 0, "fallback": 0})
     warned = []
 
-    def routed(*args, **kwargs):
-        if _pending:
-            _announce()
-        shadow_run = _shadow_stock(route, stock, args, kwargs) if shadow else None
-        try:
-            result = drop_in(*args, **kwargs)
-        except (ValueError, TypeError) as e:     # refused before anything was written
-            counts["fallback"] += 1
-            if not warned:
-                warned.append(1)
-                _log().warning("gdnconv: %s handed to vLLM's %s (%s)", route.site, route.attribute, e)
-            return stock(*args, **kwargs)
-        counts["routed"] += 1
-        if shadow_run is not None:
+    def refused(e):
+        counts["fallback"] += 1
+        if not warned:
+            warned.append(1)
+            _log().warning("gdnconv: %s handed to vLLM's %s (%s)", route.site, route.attribute, e)
+        return stock
+
+    params, call = _forwarding(stock)
+    scope = {"_gdn_pending": _pending, "_gdn_announce": _announce, "_gdn_drop_in": drop_in,
+             "_gdn_refused": refused, "_gdn_counts": counts}
+    exec(_ROUTED.format(params=params, call=call), scope)
+    routed = scope["routed"]
+    routed.__defaults__, routed.__kwdefaults__ = stock.__defaults__, stock.__kwdefaults__
+
+    def shadowed(*args, **kwargs):
+        shadow_run = _shadow_stock(route, stock, args, kwargs)
+        before = counts["routed"]
+        result = routed(*args, **kwargs)
+        if counts["routed"] > before:
             _shadow_check(route, stock, shadow_run, args, kwargs, result)
         return result
 
-    routed.__wrapped__ = stock
-    routed.__name__ = stock.__name__
-    routed.__doc__ = f"gdnconv's drop-in for vLLM's {route.attribute} (gdnconv.vllm_plugin.{route.drop_in})."
-    return routed
+    wrapper = shadowed if shadow else routed
+    wrapper.__wrapped__ = stock
+    wrapper.__name__ = stock.__name__
+    wrapper.__doc__ = f"gdnconv's drop-in for vLLM's {route.attribute} (gdnconv.vllm_plugin.{route.drop_in})."
+    return wrapper
 
 
 def _clone(v):
