@@ -271,7 +271,7 @@ def _forwarding(fn):
     function's own (``_gdn_``) are not written: ValueError (vLLM 0.32's functions have none)."""
     import inspect
     params, call = [], []
-    for p in inspect.signature(fn).parameters.values():
+    for p in inspect.signature(fn, follow_wrapped=False).parameters.values():   # fn's own defaults
         if p.name.startswith("_gdn_") or p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL):
             raise ValueError(f"{fn.__name__}'s parameter {p} cannot be forwarded")
         if p.kind is p.KEYWORD_ONLY and "*" not in params:
@@ -298,7 +298,7 @@ def _wrap(route, stock, drop_in, shadow):
         return stock
 
     params, call = _forwarding(stock)
-    scope = {"_gdn_pending": _pending, "_gdn_announce": _announce, "_gdn_drop_in": drop_in,
+    scope = {"__name__": __name__, "_gdn_pending": _pending, "_gdn_announce": _announce, "_gdn_drop_in": drop_in,
              "_gdn_refused": refused, "_gdn_counts": counts}
     exec(_ROUTED.format(params=params, call=call), scope)
     routed = scope["routed"]
