@@ -253,6 +253,28 @@ def test_update_cpu_drop_in_speculative_and_other_x_dtype(fake_vllm, x_dtype):
     live = slots.numpy() != 0
     assert_outputs_close(out.transpose(1, 2).to(torch.bfloat16), ref_out, mag, silu=True, rows=live)
     assert torch.equal(out[1], xs.transpose(1, 2)[1]), "the pad request's rows: x's"
+    assert out.stride() == xs.transpose(1, 2).stride(), "laid out like x, as vLLM's op returns it"
+    assert_bits_equal(st, ref_state, "conv_state")
+
+
+@pytest.mark.parametrize("layout", ["BD strided", "BDT contiguous"])
+def test_update_cpu_drop_in_returns_x_layout(fake_vllm, layout):
+    """x whose channels are not contiguous (Mamba's transposed decode input, a contiguous
+    (B, D, T)): the result is laid out like x, as vLLM's op returns it (a contiguous copy's
+    layout could break the caller's views), with the reference's values."""
+    vp.register()
+    f = fake_vllm
+    cache, weight, bias, x = _tensors(6, B=3, T=2, L=3)
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32)
+    xs = x[:, 0].T.contiguous().T if layout == "BD strided" else x.transpose(1, 2).contiguous()
+    st = cache.clone()
+    out = f.cpu.causal_conv1d_update_cpu(xs, st.transpose(1, 2), weight, bias, "silu", slots, pad_slot_id=-1)
+    assert out.stride() == xs.stride() and xs.stride(1) != 1
+    tokens = xs[:, None] if xs.dim() == 2 else xs.transpose(1, 2)      # (B, T, D)
+    ref_out, ref_state, mag = reference(as_np(tokens), as_np(cache), as_np(weight), as_np(bias), activation="silu",
+                                        conv_state_indices=slots.numpy())
+    got = out[:, None] if out.dim() == 2 else out.transpose(1, 2)
+    assert_outputs_close(got, ref_out, mag, silu=True)
     assert_bits_equal(st, ref_state, "conv_state")
 
 
