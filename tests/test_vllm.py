@@ -324,6 +324,20 @@ def test_core_entry_skipped_rows_from_x(given_out):
                                skipped_rows_from_x=True)
 
 
+def test_core_entry_skipped_rows_from_x_must_be_a_bool():
+    """A skipped_rows_from_x that is not a bool is refused by name, and nothing is written."""
+    conv_state, weight, bias, tokens = _tensors(22, "bf16", 2, 1, 64, 4, 3, 4, "SD")
+    slots = torch.tensor([3, -1], dtype=torch.int32)
+    st, x, out = conv_state.clone(), tokens[:, 0].clone(), torch.full_like(tokens[:, 0], 7.0)
+    for bad in ("yes", 1, None):
+        with pytest.raises(TypeError, match=f"skipped_rows_from_x must be a bool, got {bad!r}"):
+            gdnconv._core._conv_update_vllm(x, st, weight, bias, activation="silu", conv_state_indices=slots,
+                                            out=out, skipped_rows_from_x=bad)
+        assert torch.equal(bits_t(st), bits_t(conv_state))
+        assert torch.equal(bits_t(out), bits_t(torch.full_like(out, 7.0)))
+        assert torch.equal(x, tokens[:, 0])
+
+
 @pytest.mark.parametrize("route", ["adapter", "plugin"])
 def test_packed_weights_of_the_wrong_kind_are_refused(route):
     """is_weight_packed=True refuses a packed weight of a dtype gdnconv does not take (no silent

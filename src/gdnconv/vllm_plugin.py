@@ -174,12 +174,14 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
     if pad is None:
         pad = kwargs.get("null_block_id")
         pad = gv.NULL_BLOCK_ID if pad is None else pad
+    weight, bias = gv._plain(weight), gv._plain(bias)   # (once, for the try and the full path)
+    cache = _cache_kw(kwargs)
     # the usual call as one core call into a new out laid out like x (channels contiguous: the core
     # would compute a strided x on a contiguous copy, and return that copy's layout, not x's as vLLM)
-    if (query_start_loc is None and not _cache_kw(kwargs) and type(kwargs.get("max_query_len", -1)) is int
+    if (query_start_loc is None and not cache and type(kwargs.get("max_query_len", -1)) is int
             and x.dim() >= 2 and x.stride(1) == 1 and not gv._is_compiling()):
         try:     # its pad rows x's; x and the state alike in dtype
-            return gv._core._conv_update_vllm(x, conv_state, gv._plain(weight), gv._plain(bias), activation=activation,
+            return gv._core._conv_update_vllm(x, conv_state, weight, bias, activation=activation,
                                               num_accepted_tokens=kwargs.get("num_accepted_tokens"),
                                               conv_state_indices=conv_state_indices, pad_slot_id=pad,
                                               plain_tensors=True, skipped_rows_from_x=True,
@@ -190,7 +192,7 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
     res = gv.causal_conv1d_update(xc, conv_state, weight, bias, activation, conv_state_indices,
                                   kwargs.get("num_accepted_tokens"), query_start_loc,
                                   kwargs.get("max_query_len", -1), pad_slot_id=pad,
-                                  is_weight_packed=kwargs.get("is_weight_packed", False), **_cache_kw(kwargs))
+                                  is_weight_packed=kwargs.get("is_weight_packed", False), **cache)
     return res if res.dtype == x.dtype else res.to(x.dtype)
 
 
