@@ -6,6 +6,11 @@ The grid: every ISA this CPU runs; fp32, fp16 and bf16 (and fp32 weights with 16
 activations); widths 2..8; plain (two tokens, and one), speculative and varlen calls with pad slots; SiLU
 and no activation; channel-contiguous, transposed-state, strided-x and out=x
 layouts; D with and without a channel tail.
+
+The inputs are drawn in float64 and cast; ml_dtypes 0.6 casts float64 to bfloat16
+through float32 (two roundings), 0.7 and later directly, so a few bf16 inputs in a
+million differ and every hash with them: compare runs made with the same ml_dtypes
+(the hashes quoted in benchmarks/README.md are 0.7's).
 """
 import hashlib
 import sys
