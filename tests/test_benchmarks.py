@@ -7,6 +7,7 @@ import re
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import gdnconv
@@ -194,21 +195,40 @@ def test_bench_grid_without_the_library_says_where_to_get_it():
     assert "library not found (/nonexistent/_C.abi3.so)" in res.stderr
 
 
-def test_bench_grid_without_vllm_times_gdnconv_against_the_copy(capsys):
+def test_bench_grid_without_vllm_times_gdnconv_against_the_copy(capsys, tmp_path):
     """--without-vllm (a CPU without AVX512-BF16): the grid runs without vLLM's library, its
-    table and summary hold the copy ratios only, and every row has them."""
+    table and summary hold the copy ratios only, and every row has them; with two threads
+    also the two-thread copy and the ratios to the better copy."""
     pytest.importorskip("torch")
     pytest.importorskip("ml_dtypes")
     import bench_grid
     assert bench_grid.main(["--without-vllm", "--lib", "/nonexistent/_C.abi3.so", "--modes", "plain", "prefill",
-                            "--dims", "64", "--batch", "4", "--prefill", "1x16", "--rounds", "1",
-                            "--sample-us", "10", "--wait-quiet", "0", "--warm", "--csv", ""]) == 0
+                            "--dims", "64", "--batch", "4", "--prefill", "1x16", "--rounds", "1", "--threads", "2",
+                            "--sample-us", "10", "--wait-quiet", "0", "--warm", "--csv", str(tmp_path / "g.csv")]) == 0
     out = capsys.readouterr().out
     head = next(line for line in out.splitlines() if line.split()[:2] == ["mode", "D"])
-    assert head.split() == ["mode", "D", "shape", "MB", "layers", "np", "vllm.py", "plugin", "copy", "np/copy",
-                            "py/copy", "pl/copy", "iqr%", "other%"]
+    assert head.split() == ["mode", "D", "shape", "MB", "layers", "np", "vllm.py", "plugin", "copy", "copyN",
+                            "np/copy", "py/copy", "pl/copy", "np/best", "pl/best", "iqr%", "other%"]
     rows = [line.split() for line in out.splitlines() if line.split()[:2] in (["plain", "64"], ["prefill", "64"])]
     assert [r[:3] for r in rows] == [["plain", "64", "B=4"], ["prefill", "64", "1x16"]]
-    assert all(len(r) == len(head.split()) and all(float(v) > 0 for v in r[9:12]) for r in rows)
+    assert all(len(r) == len(head.split()) and all(float(v) > 0 for v in r[5:15]) for r in rows)
+    import csv
+    with open(tmp_path / "g.csv") as f:
+        for r in csv.DictReader(f):   # the better copy's ratio: np over the faster of the two copies' medians
+            best = min(float(r["copy_us"]), float(r["copyN_us"]))
+            assert float(r["np_best"]) == pytest.approx(float(r["np_us"]) / best, rel=2e-3)
+            assert float(r["pl_best"]) == pytest.approx(float(r["plugin_us"]) / best, rel=2e-3)
     assert "np / copy, decode B >= 4" in out and "plugin / copy, decode B >= 4" in out
+    assert "np / best copy, decode B >= 4" in out and "np / best copy, prefill" in out
     assert "np / copy, prefill" in out and "vLLM, every case" not in out
+
+
+@pytest.mark.parametrize("n, threads", [(1000, 2), (1000, 3), (10, 4), (4096, 16)])
+def test_parallel_copy_copies_every_element(n, threads):
+    """The many-thread copy yardstick moves every element of its source, whatever the
+    split (a short last part, fewer parts than threads where the array is small)."""
+    src = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    dst = np.zeros_like(src)
+    harness.parallel_copy(dst, src, threads)()
+    np.testing.assert_array_equal(dst, src)
+    assert harness.copy_same_bytes(n, layers=2, threads=threads)() is None

@@ -1,4 +1,5 @@
-/* Memory advice for arrays the Python layer allocates (memory.c). */
+/* Memory for arrays the Python layer allocates (memory.c): huge-page advice, and the
+ * blocks that large new outputs reuse. */
 #ifndef GDNCONV_MEMORY_H
 #define GDNCONV_MEMORY_H
 
@@ -11,5 +12,28 @@
  * when bytes >= GDN_HUGE_ADVICE_BYTES; meant for new memory before its first touch.
  * Advice only: nothing is reported (no THP, another OS: nothing happens). */
 void gdn_advise_huge_pages(void *p, int64_t bytes);
+
+/* The smallest new output that takes a reused block: glibc's malloc keeps freed blocks
+ * up to 32 MiB (its largest mmap threshold) for the next allocation, and hands larger
+ * ones back to the OS, so each new one is first touched page by page, zeroed. */
+#define GDN_REUSE_MIN_BYTES (32 << 20)
+/* Blocks are whole multiples of this, aligned to it (a huge page on x86-64 and aarch64). */
+#define GDN_BLOCK_ALIGN (2 << 20)
+/* What the cache may hold by default. */
+#define GDN_BLOCK_CACHE_DEFAULT (256LL << 20)
+
+/* A block of at least `bytes` (its size in *size): the smallest cached one that is no
+ * more than twice that, else a new anonymous mapping (huge-page advice when `huge`).
+ * NULL where `bytes` < GDN_REUSE_MIN_BYTES, the cache holds no more than 0 bytes, the
+ * mapping fails or the OS is not Linux: the caller allocates as usual. Thread-safe. */
+void *gdn_block_take(int64_t bytes, int huge, int64_t *size);
+/* A block from gdn_block_take back: cached while the cache can hold it (the oldest
+ * blocks unmapped to make room), else unmapped. Thread-safe. */
+void gdn_block_give(void *p, int64_t size);
+/* The cache's limit in bytes (unmapping what no longer fits); returns the previous
+ * limit. 0 turns the reuse off. */
+int64_t gdn_block_cache_limit(int64_t bytes);
+/* Bytes the cache holds now (blocks no array uses). */
+int64_t gdn_block_cache_held(void);
 
 #endif

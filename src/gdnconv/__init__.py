@@ -23,16 +23,18 @@ from ._core import (  # noqa: E402
     cpu_features,
     get_num_threads,
     last_path,
+    out_cache_bytes,
     pack_weight,
     prefill_bytes_moved,
     set_isa,
     set_num_threads,
+    set_out_cache_bytes,
     thread_contention,
 )
 
 __all__ = [
     "conv_update_multi", "conv_prefill", "pack_weight", "bytes_moved", "prefill_bytes_moved",
-    "set_num_threads", "get_num_threads", "thread_contention",
+    "set_num_threads", "get_num_threads", "thread_contention", "set_out_cache_bytes", "out_cache_bytes",
     "cpu_features", "available_isas", "compiled_isas", "active_isa", "set_isa", "last_path", "__version__",
 ]
 

@@ -418,11 +418,56 @@ cdef object _new_like(object x, const View *xv):
     """A C-contiguous array or tensor of x's shape and dtype (uninitialised)."""
     cdef cnp.npy_intp dims[3]
     cdef int i
+    # empty_like keeps the strides of a dense x (a transposed view: gdnconv's order is
+    # contiguous); a reused tensor takes them too
+    reused = _reused_like(x, xv, tuple(x.shape), x.stride() if xv.torch and _c_contiguous(xv) else None)
+    if reused is not None:
+        return reused
     if xv.torch:   # empty_like keeps x's strides: ~0.9 us cheaper than empty(shape)
         return _torch.empty_like(x) if _c_contiguous(xv) else _torch.empty(tuple(x.shape), dtype=x.dtype)
     for i in range(xv.ndim):
         dims[i] = xv.shape[i]
     return cnp.PyArray_EMPTY(xv.ndim, dims, cnp.PyArray_TYPE(<cnp.ndarray>x), 0)
+
+
+cdef void _give_block(object capsule) noexcept:
+    """The capsule under a reused array dies with the array: its block goes back."""
+    gdn_block_give(PyCapsule_GetPointer(capsule, "gdnconv.block"),
+                   <int64_t><intptr_t>PyCapsule_GetContext(capsule))
+
+
+cdef object _reused_like(object x, const View *xv, tuple shape, object strides=None):
+    """A new C-contiguous array or tensor of ``shape`` and x's dtype (a tensor: with
+    ``strides`` when given, a dense layout of the same elements) over a block of
+    memory.c's cache (memory.h: GDN_REUSE_MIN_BYTES and up), or None (smaller, reuse
+    off, no block): the caller allocates as usual. The block returns to the cache when
+    the array, and every view of it, is freed. A NumPy array's base is the block's
+    capsule; a tensor shares a uint8 array's memory (torch.from_numpy), so its storage,
+    like any from_numpy tensor's, cannot be resized."""
+    cdef int64_t nbytes = xv.itemsize, size = 0
+    cdef cnp.npy_intp n
+    cdef void *p
+    cdef int i
+    for i in range(len(shape)):
+        nbytes *= <int64_t>shape[i]
+    if nbytes < GDN_REUSE_MIN_BYTES:
+        return None
+    p = gdn_block_take(nbytes, _numpy_madvise is None or _numpy_madvise(), &size)
+    if p == NULL:
+        return None
+    try:
+        capsule = PyCapsule_New(p, "gdnconv.block", <PyCapsule_Destructor>_give_block)
+    except BaseException:
+        gdn_block_give(p, size)
+        raise
+    PyCapsule_SetContext(capsule, <void *><intptr_t>size)
+    n = <cnp.npy_intp>nbytes
+    raw = cnp.PyArray_SimpleNewFromData(1, &n, cnp.NPY_UINT8, p)
+    cnp.set_array_base(<cnp.ndarray>raw, capsule)
+    if xv.torch:
+        flat = _torch.from_numpy(raw).view(x.dtype)
+        return flat.view(shape) if strides is None else flat.as_strided(shape, strides)
+    return raw.view(x.dtype).reshape(shape)
 
 
 # NumPy's switch of its own huge-page advice (np._core.multiarray._set_madvise_hugepage;

@@ -89,4 +89,9 @@ cdef extern from "threads.h" nogil:
 cdef extern from "memory.h" nogil:
     enum:
         GDN_HUGE_ADVICE_BYTES
+        GDN_REUSE_MIN_BYTES
     void gdn_advise_huge_pages(void *p, int64_t bytes)
+    void *gdn_block_take(int64_t bytes, int huge, int64_t *size)
+    void gdn_block_give(void *p, int64_t size)
+    int64_t gdn_block_cache_limit(int64_t bytes)
+    int64_t gdn_block_cache_held()

@@ -50,9 +50,10 @@ import numpy as np
 cimport cython
 cimport numpy as cnp
 from cpython.exc cimport PyErr_Clear
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from cpython.pycapsule cimport (PyCapsule_Destructor, PyCapsule_GetContext, PyCapsule_GetPointer, PyCapsule_IsValid,
+                                PyCapsule_New, PyCapsule_SetContext)
 from cpython.ref cimport PyObject
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, intptr_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memset
 
 from gdnconv._capi cimport *
