@@ -152,3 +152,20 @@ def test_a_bad_limit_is_refused_by_name(cache, bad):
     with pytest.raises(ValueError, match=rf"nbytes must be an integer >= 0 .*got {bad!r}"):
         gdnconv.set_out_cache_bytes(bad)
     assert gdnconv.set_out_cache_bytes(256 << 20) == 256 << 20
+
+
+def test_a_tensor_subclass_keeps_empty_like(cache, rng):
+    """A tensor subclass x gets torch.empty_like's out, of its subclass, as below 32 MiB;
+    no block is used."""
+    torch = pytest.importorskip("torch")
+
+    class Sub(torch.Tensor):
+        pass
+
+    x, w, kw, ref = _prefill(rng)
+    tkw = {k: torch.from_numpy(v.copy()) for k, v in kw.items()}
+    out = gdnconv.conv_prefill(torch.from_numpy(x).as_subclass(Sub), torch.from_numpy(w), **tkw)
+    assert type(out) is Sub and out.stride() == (D, 1)
+    _check(out.as_subclass(torch.Tensor).numpy(), x, w, kw, ref)
+    del out
+    assert gdnconv.out_cache_bytes() == 0

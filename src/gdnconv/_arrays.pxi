@@ -418,11 +418,13 @@ cdef object _new_like(object x, const View *xv):
     """A C-contiguous array or tensor of x's shape and dtype (uninitialised)."""
     cdef cnp.npy_intp dims[3]
     cdef int i
-    # empty_like keeps the strides of a dense x (a transposed view: gdnconv's order is
-    # contiguous); a reused tensor takes them too
-    reused = _reused_like(x, xv, tuple(x.shape), x.stride() if xv.torch and _c_contiguous(xv) else None)
-    if reused is not None:
-        return reused
+    if _view_bytes(xv) >= GDN_REUSE_MIN_BYTES and (not xv.torch or type(x) is _tensor_type):
+        # (a tensor subclass keeps empty_like, which keeps the subclass.) empty_like keeps
+        # the strides of a dense x (vLLM's (B, D, T) x is a transposed view of gdnconv's
+        # contiguous order); a reused tensor takes them too
+        reused = _reused_like(x, xv, tuple(x.shape), x.stride() if xv.torch and _c_contiguous(xv) else None)
+        if reused is not None:
+            return reused
     if xv.torch:   # empty_like keeps x's strides: ~0.9 us cheaper than empty(shape)
         return _torch.empty_like(x) if _c_contiguous(xv) else _torch.empty(tuple(x.shape), dtype=x.dtype)
     for i in range(xv.ndim):
@@ -436,14 +438,22 @@ cdef void _give_block(object capsule) noexcept:
                    <int64_t><intptr_t>PyCapsule_GetContext(capsule))
 
 
+cdef int64_t _view_bytes(const View *v):
+    cdef int64_t n = v.itemsize
+    cdef int i
+    for i in range(v.ndim):
+        n *= v.shape[i]
+    return n
+
+
 cdef object _reused_like(object x, const View *xv, tuple shape, object strides=None):
     """A new C-contiguous array or tensor of ``shape`` and x's dtype (a tensor: with
     ``strides`` when given, a dense layout of the same elements) over a block of
     memory.c's cache (memory.h: GDN_REUSE_MIN_BYTES and up), or None (smaller, reuse
     off, no block): the caller allocates as usual. The block returns to the cache when
-    the array, and every view of it, is freed. A NumPy array's base is the block's
-    capsule; a tensor shares a uint8 array's memory (torch.from_numpy), so its storage,
-    like any from_numpy tensor's, cannot be resized."""
+    the array, and every view of it, is freed. A NumPy array is a view of a uint8 array
+    whose base is the block's capsule; a tensor shares such an array's memory
+    (torch.from_numpy), so its storage, like any from_numpy tensor's, cannot be resized."""
     cdef int64_t nbytes = xv.itemsize, size = 0
     cdef cnp.npy_intp n
     cdef void *p

@@ -400,7 +400,7 @@ cdef object _prefill(_Prefill c, x, weight, bias, activation, conv_state, query_
     new_out = out is None
     if new_out:
         if c.vllm and not _c_contiguous(&c.xv):   # (D, N) over (N, D) memory
-            out = _reused_like(x, &c.xv, (c.N, c.D))
+            out = _reused_like(x, &c.xv, (c.N, c.D)) if type(x) is _tensor_type else None
             out = (_torch.empty_strided((c.D, c.N), (1, c.D), dtype=x.dtype) if out is None else out.t())
         else:
             out = _new_like(x, &c.xv)

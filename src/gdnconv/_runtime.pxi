@@ -125,16 +125,19 @@ def set_out_cache_bytes(nbytes):
 
     A call that makes its own ``out`` (no ``out=``) of 32 MiB or more (a prefill of
     2048 tokens at D = 8192 in bf16, say) takes its memory from this cache when a kept
-    block fits (one no more than twice the size), else maps a new block; when the
-    returned array or tensor and every view of it are freed, the block is kept for the
-    next such call, up to this limit (the oldest blocks are released first), instead of
-    going back to the OS. Why: glibc's malloc, under NumPy and torch alike, keeps freed
-    blocks only up to 32 MiB, so every larger new output is mapped afresh, and the
-    kernel's first stores into it wait for the OS to zero each page (a D=8192 4x1024
-    prefill on two threads of the 2-core Xeon: 16.2 ms into a new out against 6.1 ms
-    into a given one). Such a tensor is made by ``torch.from_numpy``: its storage
-    cannot be resized, as with any tensor over NumPy memory. Linux only (elsewhere
-    outputs are allocated as usual). Raises ValueError for anything but an integer >= 0.
+    block fits (one no more than twice the size: the out then holds that block), else
+    maps a new block; when the returned array or tensor and every view of it are freed,
+    the block is kept for the next such call, up to this limit and 8 blocks (the oldest
+    are released first), instead of going back to the OS. Why: glibc's malloc, under
+    NumPy and torch alike, keeps freed blocks only up to 32 MiB, so every larger new
+    output is mapped afresh, and the kernel's first stores into it wait for the OS to
+    zero each page (a D=8192 4x1024 prefill on two threads of the 2-core Xeon: 16.2 ms
+    into a new out against 6.1 ms into a given one). Such an out is a view of gdnconv's
+    block: a NumPy array does not own its data (``ndarray.resize`` refuses it;
+    ``tracemalloc`` does not see it), a tensor is made by ``torch.from_numpy`` (its
+    storage cannot be resized, as with any tensor over NumPy memory); a tensor
+    subclass ``x`` still gets ``torch.empty_like``'s out. Linux only (elsewhere outputs
+    are allocated as usual). Raises ValueError for anything but an integer >= 0.
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
         raise ValueError(f"nbytes must be an integer >= 0 (bytes; 0 turns the reuse off), got {nbytes!r}")
@@ -142,7 +145,8 @@ def set_out_cache_bytes(nbytes):
 
 
 def out_cache_bytes():
-    """Bytes of freed large outputs kept for reuse now (see ``set_out_cache_bytes``)."""
+    """Bytes of freed large outputs kept for reuse now, in blocks no array uses (the
+    limit is what ``set_out_cache_bytes`` returns; see there)."""
     return gdn_block_cache_held()
 
 
