@@ -164,6 +164,9 @@ def main(argv=None):
                          "and vllm.py the plain bf16 (D, W) weight, converted in every call (the figures of "
                          "stops before 38); vLLM always gets its packed weight, and plugin the weight vLLM's engine hands over "
                          "(packed where vLLM's op runs) (default: %(default)s)")
+    ap.add_argument("--no-out-cache", action="store_true",
+                    help="gdnconv.set_out_cache_bytes(0): new outs of 32 MiB or more from malloc, as before stop 46 "
+                         "(default: reused from gdnconv's cache)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", default=os.path.join("bench_out", "bench_grid.csv"), help="CSV path ('' for none)")
     add_mode_arguments(ap, layers=32)
@@ -176,6 +179,8 @@ def main(argv=None):
         ops = None
     else:
         torch, ops = bench_vllm._load(args.lib)
+    if args.no_out_cache:
+        gdnconv.set_out_cache_bytes(0)
     threads = args.threads or gdnconv.get_num_threads()
     gdnconv.set_num_threads(threads)
     torch.set_num_threads(threads)
@@ -184,7 +189,8 @@ def main(argv=None):
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
     print(f"bench_grid {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {cpu} "
           f"({os.cpu_count()} CPUs), load {os.getloadavg()[0]:.2f}; gdnconv {gdnconv.__version__} "
-          f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, threads {threads} (both)")
+          f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, threads {threads} (both)"
+          f"{'; out cache off' if args.no_out_cache else ''}")
     print(f"{rotation.describe()}")
     print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}; medians of {args.rounds} interleaved rounds, "
           f"us per call; ratios of medians (< 1: gdnconv faster); iqr: the case's largest interquartile range, % of "

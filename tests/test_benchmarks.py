@@ -223,6 +223,23 @@ def test_bench_grid_without_vllm_times_gdnconv_against_the_copy(capsys, tmp_path
     assert "np / copy, prefill" in out and "vLLM, every case" not in out
 
 
+def test_bench_grid_no_out_cache_turns_the_reuse_off(capsys):
+    """--no-out-cache times new outs from malloc (the behaviour before the out cache): the
+    limit is 0 while the grid runs and the header says so."""
+    pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    import bench_grid
+    previous = gdnconv.set_out_cache_bytes(256 << 20)
+    try:
+        assert bench_grid.main(["--without-vllm", "--modes", "plain", "--dims", "64", "--batch", "4", "--rounds", "1",
+                                "--sample-us", "10", "--wait-quiet", "0", "--warm", "--csv", "",
+                                "--no-out-cache"]) == 0
+        assert gdnconv.set_out_cache_bytes(previous) == 0
+    finally:
+        gdnconv.set_out_cache_bytes(previous)
+    assert "; out cache off" in capsys.readouterr().out.splitlines()[0]
+
+
 @pytest.mark.parametrize("n, threads", [(1000, 2), (1000, 3), (10, 4), (4096, 16)])
 def test_parallel_copy_copies_every_element(n, threads):
     """The many-thread copy yardstick moves every element of its source, whatever the
