@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import gdnconv
+from conftest import run_python
 from gdnconv.reference import conv_prefill_ref, prefill_magnitude
 from gdnconv.testing import assert_outputs_close
 
@@ -169,3 +170,34 @@ def test_a_tensor_subclass_keeps_empty_like(cache, rng):
     _check(out.as_subclass(torch.Tensor).numpy(), x, w, kw, ref)
     del out
     assert gdnconv.out_cache_bytes() == 0
+
+
+FORK = """
+import os, numpy as np, gdnconv
+x = np.random.default_rng(0).standard_normal((2048, 4096), dtype=np.float32)
+w = np.full((4096, 4), 0.25, np.float32)
+qsl = np.array([0, 2048], np.int32)
+want = np.empty_like(x)
+gdnconv.conv_prefill(x, w, query_start_loc=qsl, out=want)
+gdnconv.conv_prefill(x, w, query_start_loc=qsl)   # a freed out: the cache holds its block
+assert gdnconv.out_cache_bytes() == x.nbytes
+pid = os.fork()
+if pid == 0:   # the child reuses the inherited block, and its cache works on its own
+    out = gdnconv.conv_prefill(x, w, query_start_loc=qsl)
+    ok = gdnconv.out_cache_bytes() == 0 and (out.view(np.uint32) == want.view(np.uint32)).all()
+    del out
+    os._exit(0 if ok and gdnconv.out_cache_bytes() == x.nbytes else 1)
+_, status = os.waitpid(pid, 0)
+out = gdnconv.conv_prefill(x, w, query_start_loc=qsl)
+assert os.waitstatus_to_exitcode(status) == 0, status
+assert (out.view(np.uint32) == want.view(np.uint32)).all()
+print("ok")
+"""
+
+
+def test_a_forked_child_reuses_and_keeps_its_own_blocks():
+    """After fork() the child takes the block it inherited and gives it back to its own
+    cache (the cache's lock is released on both sides of a fork); the parent's block is
+    still its own. Bits equal a call into a given out."""
+    r = run_python(FORK)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -37,6 +37,18 @@ static int ncached;
 static int64_t held, limit = GDN_BLOCK_CACHE_DEFAULT;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* A fork while another thread holds the lock would leave it held in the child: the
+ * lock is taken around fork() and released on both sides. */
+static void lock_for_fork(void) { pthread_mutex_lock(&lock); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&lock); }
+static void arm_fork_lock(void) { pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork); }
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void take_lock(void) {
+    pthread_once(&fork_once, arm_fork_lock);
+    pthread_mutex_lock(&lock);
+}
+
 /* An anonymous mapping of `size` bytes (a multiple of GDN_BLOCK_ALIGN) aligned to
  * GDN_BLOCK_ALIGN, so that huge pages can back all of it. */
 static void *map_block(int64_t size, int huge) {
@@ -70,7 +82,7 @@ static void trim(int64_t keep, int slots) {
 void *gdn_block_take(int64_t bytes, int huge, int64_t *size) {
     if (bytes < GDN_REUSE_MIN_BYTES) return NULL;
     const int64_t want = (bytes + GDN_BLOCK_ALIGN - 1) / GDN_BLOCK_ALIGN * GDN_BLOCK_ALIGN;
-    pthread_mutex_lock(&lock);
+    take_lock();
     if (limit <= 0) {
         pthread_mutex_unlock(&lock);
         return NULL;
@@ -98,7 +110,7 @@ void *gdn_block_take(int64_t bytes, int huge, int64_t *size) {
 }
 
 void gdn_block_give(void *p, int64_t size) {
-    pthread_mutex_lock(&lock);
+    take_lock();
     if (size <= limit) {
         trim(limit - size, GDN_BLOCK_SLOTS - 1);
         cached[ncached].p = p;
@@ -112,7 +124,7 @@ void gdn_block_give(void *p, int64_t size) {
 }
 
 int64_t gdn_block_cache_limit(int64_t bytes) {
-    pthread_mutex_lock(&lock);
+    take_lock();
     const int64_t previous = limit;
     limit = bytes > 0 ? bytes : 0;
     trim(limit, GDN_BLOCK_SLOTS);
@@ -121,7 +133,7 @@ int64_t gdn_block_cache_limit(int64_t bytes) {
 }
 
 int64_t gdn_block_cache_held(void) {
-    pthread_mutex_lock(&lock);
+    take_lock();
     const int64_t h = held;
     pthread_mutex_unlock(&lock);
     return h;
