@@ -122,9 +122,13 @@ def copy_same_bytes(nbytes, layers=1, use_torch=False, threads=1):
 
 
 def parallel_copy(dst, src, threads):
-    """A no-argument callable that copies the 1-D array ``src`` into ``dst`` in
-    ``threads`` parts of whole 64-byte lines (the last one shorter), the calling thread
-    taking the first and the pool of ``threads - 1`` the rest, all at once."""
+    """A no-argument callable that copies the C-contiguous array ``src`` into ``dst`` (of
+    its shape and dtype) in ``threads`` parts of whole 64-byte lines of the flat memory
+    (the last one shorter), the calling thread taking the first and the pool of
+    ``threads - 1`` the rest, all at once."""
+    if not (src.flags.c_contiguous and dst.flags.c_contiguous and dst.shape == src.shape and dst.dtype == src.dtype):
+        raise ValueError("parallel_copy takes two C-contiguous arrays of one shape and dtype")
+    dst, src = dst.reshape(-1), src.reshape(-1)
     pool = _copy_pool(threads)
     step = max(64, -(-src.nbytes // threads // 64) * 64) // src.itemsize
     parts = [(dst[i:i + step], src[i:i + step]) for i in range(0, len(src), step)]

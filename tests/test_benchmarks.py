@@ -249,3 +249,8 @@ def test_parallel_copy_copies_every_element(n, threads):
     harness.parallel_copy(dst, src, threads)()
     np.testing.assert_array_equal(dst, src)
     assert harness.copy_same_bytes(n, layers=2, threads=threads)() is None
+    rows = np.zeros((2, n), np.float32)   # 2-D: cut in the flat memory, not in rows
+    harness.parallel_copy(rows, np.stack([src, -src]), threads)()
+    np.testing.assert_array_equal(rows, np.stack([src, -src]))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        harness.parallel_copy(rows.T, np.stack([src, -src]).T.copy(), threads)
