@@ -24,7 +24,7 @@ void gdn_advise_huge_pages(void *p, int64_t bytes);
 
 /* A block of at least `bytes` (its size in *size): the smallest cached one that is no
  * more than twice that, else a new anonymous mapping (huge-page advice when `huge`).
- * NULL where `bytes` < GDN_REUSE_MIN_BYTES, the cache holds no more than 0 bytes, the
+ * NULL where `bytes` < GDN_REUSE_MIN_BYTES, the cache's limit is 0 (reuse off), the
  * mapping fails or the OS is not Linux: the caller allocates as usual. Thread-safe. */
 void *gdn_block_take(int64_t bytes, int huge, int64_t *size);
 /* A block from gdn_block_take back: cached while the cache can hold it (the oldest
