@@ -165,7 +165,7 @@ def main(argv=None):
                          "stops before 38); vLLM always gets its packed weight, and plugin the weight vLLM's engine hands over "
                          "(packed where vLLM's op runs) (default: %(default)s)")
     ap.add_argument("--no-out-cache", action="store_true",
-                    help="gdnconv.set_out_cache_bytes(0): new outs of 32 MiB or more from malloc, as before stop 46 "
+                    help="gdnconv.set_out_cache_bytes(0): new outs of 4 MiB or more from malloc, as before stop 46 "
                          "(default: reused from gdnconv's cache)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", default=os.path.join("bench_out", "bench_grid.csv"), help="CSV path ('' for none)")

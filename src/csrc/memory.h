@@ -13,10 +13,12 @@
  * Advice only: nothing is reported (no THP, another OS: nothing happens). */
 void gdn_advise_huge_pages(void *p, int64_t bytes);
 
-/* The smallest new output that takes a reused block: glibc's malloc keeps freed blocks
- * up to 32 MiB (its largest mmap threshold) for the next allocation, and hands larger
- * ones back to the OS, so each new one is first touched page by page, zeroed. */
-#define GDN_REUSE_MIN_BYTES (32 << 20)
+/* The smallest new output that takes a reused block (the huge-page advice's size).
+ * glibc's malloc hands a freed block back to the OS when it is over its mmap threshold
+ * (raised by frees of larger mapped blocks, to 32 MiB at most); torch's aligned
+ * requests of one size are then mapped afresh every time, and each new mapping is first
+ * touched page by page, zeroed (with huge pages advised, at the cost of compaction). */
+#define GDN_REUSE_MIN_BYTES GDN_HUGE_ADVICE_BYTES
 /* Blocks are whole multiples of this, aligned to it (a huge page on x86-64 and aarch64). */
 #define GDN_BLOCK_ALIGN (2 << 20)
 /* What the cache may hold by default. */

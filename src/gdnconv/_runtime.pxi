@@ -123,16 +123,18 @@ def set_out_cache_bytes(nbytes):
     """Set how many bytes of freed large outputs gdnconv keeps for reuse (default 256
     MiB); returns the previous limit. ``0`` turns reuse off and releases what is kept.
 
-    A call that makes its own ``out`` (no ``out=``) of 32 MiB or more (a prefill of
-    2048 tokens at D = 8192 in bf16, say) takes its memory from this cache when a kept
-    block fits (one no more than twice the size: the out then holds that block), else
-    maps a new block; when the returned array or tensor and every view of it are freed,
-    the block is kept for the next such call, up to this limit and 8 blocks (the oldest
-    are released first), instead of going back to the OS. Why: glibc's malloc, under
-    NumPy and torch alike, keeps freed blocks only up to 32 MiB, so every larger new
-    output is mapped afresh, and the kernel's first stores into it wait for the OS to
-    zero each page (a D=8192 4x1024 prefill on two threads of the 2-core Xeon: 16.2 ms
-    into a new out against 6.1 ms into a given one). Such an out is a view of gdnconv's
+    A call that makes its own ``out`` (no ``out=``) of 4 MiB or more (a prefill of 256
+    tokens at D = 8192 in bf16, say) takes its memory from this cache when a kept block
+    fits (one no more than twice the size: the out then holds that block), else maps a
+    new block; when the returned array or tensor and every view of it are freed, the
+    block is kept for the next such call, up to this limit and 8 blocks (the oldest are
+    released first), instead of going back to the OS. Why: glibc's malloc, under NumPy
+    and torch alike, hands a freed block over its mmap threshold (32 MiB at most) back
+    to the OS, and torch's aligned requests of one size are above it every time, so
+    such an output is mapped afresh and the kernel's first stores wait for the OS to
+    zero each page (on the 2-core Xeon: a D=8192 4x1024 prefill on two threads, 16.2 ms
+    into a new out against 6.1 ms into a given one; a new 8 MiB torch out in a fresh
+    process, 3-15 ms a call against 0.8 ms for the NumPy call). Such an out is a view of gdnconv's
     block: a NumPy array does not own its data (``ndarray.resize`` refuses it;
     ``tracemalloc`` does not see it), a tensor is made by ``torch.from_numpy`` (its
     storage cannot be resized, as with any tensor over NumPy memory); a tensor
