@@ -130,19 +130,22 @@ def set_out_cache_bytes(nbytes):
     block is kept for the next such call, up to this limit and 8 blocks (the oldest are
     released first), instead of going back to the OS. Why: glibc's malloc, under NumPy
     and torch alike, hands a freed block over its mmap threshold (32 MiB at most) back
-    to the OS, and torch's aligned requests of one size are above it every time, so
-    such an output is mapped afresh and the kernel's first stores wait for the OS to
-    zero each page (on the 2-core Xeon: a D=8192 4x1024 prefill on two threads, 16.2 ms
+    to the OS, and torch's aligned requests of a repeated size can land above it every
+    time, so such an output is mapped afresh and the kernel's first stores wait for the
+    OS to zero each page (on the 2-core Xeon: a D=8192 4x1024 prefill on two threads, 16.2 ms
     into a new out against 6.1 ms into a given one; a new 8 MiB torch out in a fresh
-    process, 3-15 ms a call against 0.8 ms for the NumPy call). Such an out is a view of gdnconv's
-    block: a NumPy array does not own its data (``ndarray.resize`` refuses it;
-    ``tracemalloc`` does not see it), a tensor is made by ``torch.from_numpy`` (its
-    storage cannot be resized, as with any tensor over NumPy memory); a tensor
-    subclass ``x`` still gets ``torch.empty_like``'s out. Linux only (elsewhere outputs
-    are allocated as usual). Raises ValueError for anything but an integer >= 0.
+    process, 3-15 ms a call against 0.8 ms for the NumPy call).
+
+    Such an out is a view of gdnconv's block: a NumPy array does not own its data
+    (``ndarray.resize`` refuses it; ``tracemalloc`` does not see it), a tensor is made
+    by ``torch.from_numpy`` (its storage cannot be resized, as with any tensor over
+    NumPy memory); a tensor subclass ``x`` still gets ``torch.empty_like``'s out. Linux
+    only (elsewhere outputs are allocated as usual). Raises ValueError for anything but
+    an integer >= 0.
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
-        raise ValueError(f"nbytes must be an integer >= 0 (bytes; 0 turns the reuse off), got {nbytes!r}")
+        raise ValueError(f"nbytes must be an integer >= 0 (bytes; 0 turns the reuse off), "
+                         f"got {nbytes!r}")
     return gdn_block_cache_limit(min(int(nbytes), (1 << 62)))
 
 
