@@ -32,7 +32,7 @@ def cache():
     gdnconv.set_out_cache_bytes(previous)
 
 
-def _prefill(rng, torch_out=False):
+def _prefill(rng):
     """A two-request prefill of N tokens whose second request is skipped (pad slot), its
     arguments and the float64 reference's out."""
     x = rng.standard_normal((N, D), dtype=np.float32)
