@@ -20,7 +20,14 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"),
                                 reason="the reuse is Linux's (elsewhere outputs are allocated as usual)")
 
 N, D = 2048, 4096            # fp32 (N, D): 32 MiB
-BIG = N * D * 4
+
+
+def block(nbytes):
+    """The block an out of nbytes holds: itself and the skew (memory.h), in 2 MiB steps."""
+    return -(-(nbytes + 1088) // (2 << 20)) * (2 << 20)
+
+
+BIG = block(N * D * 4)
 
 
 @pytest.fixture
@@ -99,9 +106,9 @@ def test_small_outs_and_a_zero_limit_are_not_kept(cache, rng):
     gdnconv.conv_prefill(x[:255], w, query_start_loc=np.array([0, 255], np.int32))   # just under 4 MiB
     assert gdnconv.out_cache_bytes() == 0
     gdnconv.conv_prefill(x[:256], w, query_start_loc=np.array([0, 256], np.int32))   # (temporaries: freed at once)
-    assert gdnconv.out_cache_bytes() == 4 << 20
+    assert gdnconv.out_cache_bytes() == block(4 << 20)
     _run(x, w, kw)
-    assert gdnconv.out_cache_bytes() == (4 << 20) + BIG
+    assert gdnconv.out_cache_bytes() == block(4 << 20) + BIG
     assert gdnconv.set_out_cache_bytes(0) == 256 << 20
     assert gdnconv.out_cache_bytes() == 0
     out = _run(x, w, kw)
@@ -178,16 +185,17 @@ import os, numpy as np, gdnconv
 x = np.random.default_rng(0).standard_normal((2048, 4096), dtype=np.float32)
 w = np.full((4096, 4), 0.25, np.float32)
 qsl = np.array([0, 2048], np.int32)
+BLOCK = 34 << 20   # 32 MiB and the skew, in 2 MiB steps
 want = np.empty_like(x)
 gdnconv.conv_prefill(x, w, query_start_loc=qsl, out=want)
 gdnconv.conv_prefill(x, w, query_start_loc=qsl)   # a freed out: the cache holds its block
-assert gdnconv.out_cache_bytes() == x.nbytes
+assert gdnconv.out_cache_bytes() == BLOCK
 pid = os.fork()
 if pid == 0:   # the child reuses the inherited block, and its cache works on its own
     out = gdnconv.conv_prefill(x, w, query_start_loc=qsl)
     ok = gdnconv.out_cache_bytes() == 0 and (out.view(np.uint32) == want.view(np.uint32)).all()
     del out
-    os._exit(0 if ok and gdnconv.out_cache_bytes() == x.nbytes else 1)
+    os._exit(0 if ok and gdnconv.out_cache_bytes() == BLOCK else 1)
 _, status = os.waitpid(pid, 0)
 out = gdnconv.conv_prefill(x, w, query_start_loc=qsl)
 assert os.waitstatus_to_exitcode(status) == 0, status
@@ -216,7 +224,7 @@ def test_a_repeated_torch_out_of_8_mib_reuses_its_block(cache):
     out = gdnconv.conv_prefill(x, w, query_start_loc=qsl)
     first = out.data_ptr()
     del out
-    assert gdnconv.out_cache_bytes() == 8 << 20
+    assert gdnconv.out_cache_bytes() == block(8 << 20)
     for _ in range(2):
         out = gdnconv.conv_prefill(x, w, query_start_loc=qsl)
         assert out.data_ptr() == first and gdnconv.out_cache_bytes() == 0

@@ -462,7 +462,7 @@ cdef object _reused_like(object x, const View *xv, tuple shape, object strides=N
         nbytes *= <int64_t>shape[i]
     if nbytes < GDN_REUSE_MIN_BYTES:
         return None
-    p = gdn_block_take(nbytes, _numpy_madvise is None or _numpy_madvise(), &size)
+    p = gdn_block_take(nbytes + GDN_BLOCK_SKEW, _numpy_madvise is None or _numpy_madvise(), &size)
     if p == NULL:
         return None
     try:
@@ -472,7 +472,7 @@ cdef object _reused_like(object x, const View *xv, tuple shape, object strides=N
         raise
     PyCapsule_SetContext(capsule, <void *><intptr_t>size)
     n = <cnp.npy_intp>nbytes
-    raw = cnp.PyArray_SimpleNewFromData(1, &n, cnp.NPY_UINT8, p)
+    raw = cnp.PyArray_SimpleNewFromData(1, &n, cnp.NPY_UINT8, <char *>p + GDN_BLOCK_SKEW)   # (memory.h)
     cnp.set_array_base(<cnp.ndarray>raw, capsule)
     if xv.torch:
         flat = _torch.from_numpy(raw).view(x.dtype)

@@ -90,6 +90,7 @@ cdef extern from "memory.h" nogil:
     enum:
         GDN_HUGE_ADVICE_BYTES
         GDN_REUSE_MIN_BYTES
+        GDN_BLOCK_SKEW
     void gdn_advise_huge_pages(void *p, int64_t bytes)
     void *gdn_block_take(int64_t bytes, int huge, int64_t *size)
     void gdn_block_give(void *p, int64_t size)
