@@ -25,8 +25,8 @@ void gdn_advise_huge_pages(void *p, int64_t bytes);
  * that its rows do not share their offset within a 4 KiB page with the input rows'
  * (malloc's arrays start 16 or 64 bytes into a page): a D=8192 4x1024 bf16 prefill into
  * an out at a page boundary took 5298-5608 us, 16 bytes in (x's offset) 5758-5920, 1088
- * bytes in 5053-5157 (2-core Xeon, two threads; loads of x that alias earlier stores to
- * out in their low 12 address bits wait for them). */
+ * bytes in 5053-5157 (2-core Xeon, two threads; likely loads of x that alias earlier
+ * stores to out in their low 12 address bits, and wait for them). */
 #define GDN_BLOCK_SKEW 1088
 /* What the cache may hold by default. */
 #define GDN_BLOCK_CACHE_DEFAULT (256LL << 20)
