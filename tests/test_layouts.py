@@ -124,6 +124,21 @@ def test_one_token_plain_decode(isa, rng, dtype, W, extra):
     check_every_layout(isa, x, values, w, b, kw)
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("W, T", [(W, T) for W in range(2, 6) for T in range(1, 5) if W - 2 + T <= 4])
+@pytest.mark.parametrize("extra", [0, 1])
+def test_short_speculative_decode(isa, rng, dtype, W, T, extra):
+    """vLLM's speculative decode with state_len W-2+T (its DS layout's channel stride; one
+    more row: ``extra``), which AVX-512 reads and rolls in place for a 16-bit state of
+    channel stride <= 4, from every window start the state holds: every layout as the
+    channel-contiguous call, bit for bit, nothing written outside the view."""
+    x, values, w, b, kw = make(rng, dtype, W, 300, "spec", T=T)
+    L = W - 2 + T + extra
+    values = values[:, :L]
+    kw["num_accepted_tokens"] = (np.arange(4) % (L - W + 2) + 1).astype(np.int32)
+    check_every_layout(isa, x, values, w, b, kw)
+
+
 def _ending_at_a_page(shape, dtype):
     """A writable array of ``shape`` whose memory ends where a page that cannot be read
     begins, so a read past its last element faults (POSIX)."""
@@ -141,15 +156,19 @@ def _ending_at_a_page(shape, dtype):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("D", [31, 32, 33, 64, 95, 257, 520])
 @pytest.mark.parametrize("layout", ["ds", "hf"])
-@pytest.mark.parametrize("L", [3, 4])
-def test_one_token_tails_array_end_and_out_is_x(isa, rng, dtype, D, layout, L):
-    """One-token plain decode, W=4, on a time-contiguous state whose memory ends at the
-    view's last element, followed by a page that faults when read: the in-place path reads
-    nothing past it (its last block vector is read with a mask), and the channels past the
-    last group take the element loops; out=x as vLLM's callers pass it."""
-    x, values, w, b, kw = make(rng, dtype, 4, D, "plain", T=1)
-    if L == 4:
+@pytest.mark.parametrize("mode, T, L", [("plain", 1, 3), ("plain", 1, 4), ("spec", 1, 3), ("spec", 2, 4)])
+def test_short_decode_tails_array_end_and_out_is_x(isa, rng, dtype, D, layout, mode, T, L):
+    """Plain decode of one token and speculative decode of up to 2, W=4, on a
+    time-contiguous state whose memory ends at the view's last element, followed by a page
+    that faults when read: the in-place path reads nothing past it (its last block vector
+    is read with a mask), and the channels past the last group take the element loops;
+    out=x as vLLM's callers pass it."""
+    x, values, w, b, kw = make(rng, dtype, 4, D, mode, T=T)
+    if L > values.shape[1]:
         values = np.concatenate([values, rng.standard_normal(values[:, :1].shape).astype(values.dtype)], axis=1)
+    values = values[:, :L]
+    if mode == "spec":   # every window start the state holds
+        kw["num_accepted_tokens"] = (np.arange(4) % (L - 2) + 1).astype(np.int32)
     st_sd = values.copy()
     out_sd = gdnconv.conv_update_multi(x, st_sd, w, b, **kw)
     mem, _ = time_contiguous(values, layout)

@@ -407,25 +407,28 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
     }
 }
 
-/* One-token plain decode of a 16-bit time-contiguous state, read and rolled in place
+/* Short decode of a 16-bit time-contiguous state, read and rolled in place
  * (update_simd.h's tc_t1_unit), a group of 32 channels at a time: its block (element
  * (k, j) at j*sd + k) is sd <= TC_T1_MAX_SD vectors. Row k of the group's half h (16
  * channels) is one two-source word permute of block vectors a = h*sd/2 and a + 1 (16
  * channels span at most two), straight into fp32 lanes for bf16 (each word to the high
  * half of its dword, the low half zeroed: the conversion itself) or packed for fp16,
- * then converted; so nothing is staged. The roll (rows k < H-1 <- row k+1, row H-1 <- the
- * token, rows from H on kept) is per block vector m its elements' successors (the next
- * row of the same channel: a load one element on, 1.04x faster than a two-source permute
- * of vectors m and m + 1) and one permute of the token's 32 words, merged by a mask and
- * stored with the lanes of rows < H. The last lane of the last vector is row sd-1 >=
- * H-1, so it never needs the next group. */
+ * then converted; so nothing is staged. The roll (rows k < H-1 <- row k + shift, rows
+ * H-1+t <- token t, t < T, rows from H-1+T on kept; plain: shift 1, T = 1; spec: shift
+ * off + 1) is per block vector m its elements' successors (the row shift on in the same
+ * channel: a load shift elements on, 1.04x faster than a two-source permute of vectors m
+ * and m + 1) and one permute of each token's 32 words, merged by masks and stored with
+ * the lanes of rows < H-1+T. The last vector's lanes that take an old row take it from
+ * the same channel, within the vector: a one-source permute there, so the load never
+ * passes the group's block. */
 #define TC_T1 1
 #define TC_T1_MAX_SD 4
 
 typedef struct {
-    __m512i row[GDN_MAX_WIDTH - 1][2];          /* row k, half h: lane (word) <- pair element */
+    __m512i row[TC_T1_MAX_SD][2];     /* row k, half h: lane (word) <- pair element */
     __m512i old, tok[TC_T1_MAX_SD];   /* old: lane i <- lane i + 1 (the last vector's successors) */
-    uint32_t from_tok[TC_T1_MAX_SD], keep[TC_T1_MAX_SD];
+    uint32_t from_tok[TC_T1_MAX_SD][TC_T1_MAX_SD];   /* [m][t]: lanes of row H-1+t */
+    uint32_t keep[TC_T1_MAX_SD][TC_T1_MAX_SD + 1];   /* [m][T]: lanes of rows < H-1+T */
     uint32_t last;   /* lanes of the last block vector read: those up to the last channel's row L-1 */
 } tc_t1_plan;
 
@@ -434,7 +437,7 @@ GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const 
     /* bf16: dword i's high word is channel 16h + i; fp16: word i (lanes from 16: any) */
     const __m512i ch = dt == GDN_F16 ? _mm512_and_si512(iota, _mm512_set1_epi16(15)) : _mm512_srli_epi16(iota, 1);
     for (int h = 0; h < 2; h++)
-        for (int k = 0; k < H; k++)
+        for (int k = 0; k < sd; k++)
             t->row[k][h] = _mm512_add_epi16(_mm512_mullo_epi16(ch, _mm512_set1_epi16((short)sd)),
                                             _mm512_set1_epi16((short)(16 * h * sd + k - 32 * (h * sd / 2))));
     t->old = _mm512_add_epi16(iota, _mm512_set1_epi16(1));
@@ -442,8 +445,8 @@ GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const 
         __m512i k, j;
         tc_block_kj(m, sd, 2, &k, &j);
         t->tok[m] = j;
-        t->from_tok[m] = tc_eq(k, H - 1, 2);
-        t->keep[m] = tc_rows(k, 0, H, 2);
+        for (int q = 0; q < TC_T1_MAX_SD; q++) t->from_tok[m][q] = tc_eq(k, H - 1 + q, 2);
+        for (int q = 0; q <= TC_T1_MAX_SD; q++) t->keep[m][q] = tc_rows(k, 0, H - 1 + q, 2);
     }
     /* the block ends sd - L elements after the last channel's row L-1, which may be the
      * array's last element: those lanes are not read */
@@ -458,15 +461,17 @@ GDN_INLINE V tc_t1_row(const __m512i *sv, const tc_t1_plan *t, const int k, cons
     return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi16(0xaaaaaaaau, sv[a], t->row[k][h], sv[b]));
 }
 
-/* the roll of a group's block vectors sv (at blk) with the token's words tok */
-GDN_INLINE void tc_t1_roll(char *blk, const __m512i *sv, __m512i tok, const tc_t1_plan *t, const int sd) {
+/* the roll of a group's block vectors sv (at blk) by shift = off + 1 with the T tokens' words tok */
+GDN_INLINE void tc_t1_roll(char *blk, const __m512i *sv, const __m512i *tok, const int T, const int off,
+                           const tc_t1_plan *t, const int sd) {
 #pragma GCC unroll 4
     for (int m = 0; m < sd; m++) {
-        /* each element's successor: a load one element on (within the group but for
-         * the last vector, whose last lane needs none: a one-source permute there) */
-        __m512i r = m + 1 < sd ? _mm512_loadu_si512(blk + 64 * m + 2) : _mm512_permutexvar_epi16(t->old, sv[m]);
-        r = _mm512_mask_mov_epi16(r, t->from_tok[m], _mm512_permutexvar_epi16(t->tok[m], tok));
-        _mm512_mask_storeu_epi16(blk + 64 * m, t->keep[m], r);
+        __m512i r = m + 1 < sd ? _mm512_loadu_si512(blk + 64 * m + 2 + 2 * off)
+                               : _mm512_permutexvar_epi16(_mm512_add_epi16(t->old, _mm512_set1_epi16((short)off)), sv[m]);
+#pragma GCC unroll 4
+        for (int q = 0; q < T; q++)
+            r = _mm512_mask_mov_epi16(r, t->from_tok[m][q], _mm512_permutexvar_epi16(t->tok[m], tok[q]));
+        _mm512_mask_storeu_epi16(blk + 64 * m, t->keep[m][T], r);
     }
 }
 

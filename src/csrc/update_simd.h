@@ -374,17 +374,18 @@ GDN_INLINE void sd_direct(const gdn_update_params *p, const gdn_request *r, int6
 #endif
 
 #ifdef TC_T1
-/* One-token plain decode of a 16-bit time-contiguous state with channel stride sd <=
- * TC_T1_MAX_SD (vLLM's DS layout at state_len W-1 or W), 32 channels (one group of the
- * ISA header's tc_t1_row and tc_t1_roll) at channel c of the block at st (row 0), the
- * token at x, the outputs to os, nothing staged. The window and the token are read,
- * and the state rolled, before the outputs are written (out may be x); the outputs are
- * simd_tokens' on the same fp32 values, so they equal the staged path's bit for bit.
- * (Two groups a step, as the staged path's one-token steps take, measured 1.15x slower:
- * the registers do not hold them.) */
-GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, char *os, int64_t c, const simd_weights *wt,
-                           const simd_next *nx, const tc_t1_plan *t, const int dt, const int W, const int silu,
-                           const int WP) {
+/* Short decode of a 16-bit time-contiguous state with channel stride sd <= TC_T1_MAX_SD
+ * (vLLM's DS layout at state_len up to 4: plain decode of one token, speculative decode
+ * of up to 2 tokens at W = 4), 32 channels (one group of the ISA header's tc_t1_row and
+ * tc_t1_roll) at channel c of the block at st (row 0), the T tokens at x (rows xt bytes
+ * apart), the outputs to os (ot apart), nothing staged. The window (rows off..off+W-2)
+ * and the tokens are read, and the state rolled, before the outputs are written (out may
+ * be x); the outputs are simd_token_groups' on the same fp32 values, so they equal the
+ * staged path's bit for bit. (Two groups a step, as the staged path's one-token steps
+ * take, measured 1.15x slower: the registers do not hold them.) */
+GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, char *os, int64_t ot, const int T,
+                           const int off, int64_t c, const simd_weights *wt, const simd_next *nx, const tc_t1_plan *t,
+                           const int dt, const int W, const int silu, const int WP) {
     const int H = W - 1;
     V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
     simd_prefetch_step(nx, c * 2, 64);
@@ -395,42 +396,60 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, char *os, int6
      * (the compiler spilled the token routine's vectors instead: ds/sd 1.25 -> 1.14);
      * fp16, whose conversion takes registers of its own, ran 1.20 -> 1.25 that way */
     if (dt != GDN_F16) __asm__("" : "+r"(t));
-    __m512i sv[TC_T1_MAX_SD];
+    __m512i sv[TC_T1_MAX_SD], tok[TC_T1_MAX_SD];
 #pragma GCC unroll 4
     for (int m = 0; m < sd - 1; m++) sv[m] = _mm512_loadu_si512(blk + 64 * m);
     sv[sd - 1] = _mm512_maskz_loadu_epi16(t->last, blk + 64 * (sd - 1));
 #pragma GCC unroll 8
     for (int k = 0; k < H; k++) {
-        hf[k][0] = tc_t1_row(sv, t, k, 0, sd, dt);
-        hf[k][1] = tc_t1_row(sv, t, k, 1, sd, dt);
+        hf[k][0] = tc_t1_row(sv, t, off + k, 0, sd, dt);
+        hf[k][1] = tc_t1_row(sv, t, off + k, 1, sd, dt);
     }
-    tc_t1_roll(blk, sv, _mm512_loadu_si512(x + 2 * c), t, sd);
-    simd_tokens(x + 2 * c, 0, os + 2 * c, 0, w, b, hf, 1, 2, dt, W, silu);
+#pragma GCC unroll 4
+    for (int q = 0; q < T; q++) tok[q] = _mm512_loadu_si512(x + q * xt + 2 * c);
+    tc_t1_roll(blk, sv, tok, T, off, t, sd);
+    simd_token_groups(x + 2 * c, xt, os + 2 * c, ot, T, w, b, hf, 2, dt, W, silu);
 }
 
-/* The unit's one-token requests (the others: simd_unit), for constant dtype, width and
- * activation. */
+/* tc_t1_unit takes plain decode of one token and speculative decode of the tokens the
+ * block holds (W - 2 + T <= state_len <= sd: at most TC_T1_MAX_SD) */
+#define TC_T1_TAKES(spec, T) ((spec) || (T) == 1)
+
+/* The unit's requests that TC_T1_TAKES (the others: simd_unit), for constant dtype,
+ * width, activation and mode. */
 GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t nline,
-                               const simd_weights *wt, const int dt, const int W, const int silu, const int WP) {
+                               const simd_weights *wt, const int dt, const int W, const int silu, const int WP,
+                               const int spec) {
     const int sd = (int)p->state_stride_d;
+    const int64_t xt = p->x_stride_t * 2, ot = p->out_stride_t * 2;
     tc_t1_plan t;
     tc_t1_plan_make(&t, sd, W - 1, (int)p->state_len, dt);
     for (int64_t i = r0; i < r1; i++) {
         const gdn_request r = gdn_get_request(p, i);
-        if (r.skip || r.T != 1) continue;
+        if (r.skip || !TC_T1_TAKES(spec, r.T)) continue;
         simd_next nx;
         simd_next_rows(p, i, c0, &nx);
         char *st = r.state + 2 * c0 * sd;
         const char *x = r.x + 2 * c0;
         char *os = r.out + 2 * c0;
+        const int off = spec ? (int)r.off : 0;
         int64_t c = 0;
-#define TC_T1_SD(SD) for (; c < nline; c += 32) tc_t1_step(st, SD, x, os, c, wt, &nx, &t, dt, W, silu, WP);
+#define TC_T1_T(SD, T) for (; c < nline; c += 32) tc_t1_step(st, SD, x, xt, os, ot, T, off, c, wt, &nx, &t, dt, W, silu, WP)
+#define TC_T1_SD(SD)                                          \
+    if (!spec) TC_T1_T(SD, 1);                                \
+    else switch (r.T) {                                       \
+        case 1: TC_T1_T(SD, 1); break;                        \
+        case 2: TC_T1_T(SD, 2); break;                        \
+        case 3: if (SD >= 3) TC_T1_T(SD, 3); break;           \
+        default: if (SD >= 4) TC_T1_T(SD, 4); break;          \
+        }
         switch (sd) {
         case 2: TC_T1_SD(2) break;
         case 3: TC_T1_SD(3) break;
         default: TC_T1_SD(4) break;
         }
 #undef TC_T1_SD
+#undef TC_T1_T
     }
 }
 
@@ -438,25 +457,30 @@ GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r
  * for every instantiation of simd_unit, not inlined into it, whose staged path ran 28%
  * slower when this shared its frame and registers. */
 static GDN_NOINLINE void tc_t1_unit(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t nline,
-                                    const simd_weights *wt, const int dt, const int silu) {
-#define TC_T1_W(DT, S)                                                                          \
-    switch (p->width) {                                                                         \
-    case 2: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 2, S, 0); break;                       \
-    case 3: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 3, S, 0); break;                       \
-    case 4:                                                                                     \
-        if (DT != GDN_F16 && wt->packed) tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 4, S, 1); \
-        else tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 4, S, 0);                             \
-        break;                                                                                  \
-    default: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 5, S, 0); break;                      \
+                                    const simd_weights *wt, const int dt, const int silu, const int spec) {
+#define TC_T1_W(DT, S, SP)                                                                          \
+    switch (p->width) {                                                                             \
+    case 2: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 2, S, 0, SP); break;                       \
+    case 3: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 3, S, 0, SP); break;                       \
+    case 4:                                                                                         \
+        if (DT != GDN_F16 && wt->packed) tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 4, S, 1, SP); \
+        else tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 4, S, 0, SP);                             \
+        break;                                                                                      \
+    default: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 5, S, 0, SP); break;                      \
     }
-#define TC_T1_DT(S)                                                                             \
-    switch (dt) {                                                                               \
-    case GDN_F16: TC_T1_W(GDN_F16, S) break;                                                    \
-    case GDN_BF16: TC_T1_W(GDN_BF16, S) break;                                                  \
-    default: TC_T1_W(GDN_BF16_NATIVE, S) break;                                                 \
+#define TC_T1_DT(S, SP)                                                                             \
+    switch (dt) {                                                                                   \
+    case GDN_F16: TC_T1_W(GDN_F16, S, SP) break;                                                    \
+    case GDN_BF16: TC_T1_W(GDN_BF16, S, SP) break;                                                  \
+    default: TC_T1_W(GDN_BF16_NATIVE, S, SP) break;                                                 \
     }
-    if (silu) TC_T1_DT(1)
-    else TC_T1_DT(0)
+    if (spec) {
+        if (silu) TC_T1_DT(1, 1)
+        else TC_T1_DT(0, 1)
+    } else {
+        if (silu) TC_T1_DT(1, 0)
+        else TC_T1_DT(0, 0)
+    }
 #undef TC_T1_DT
 #undef TC_T1_W
 }
@@ -490,15 +514,15 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     const int spec = p->num_accepted_tokens != NULL;
     GDN_ALIGN64 char buf[(GDN_MAX_WIDTH - 1 + GDN_SLAB) * GDN_BLOCK_CHANNELS * 4];
 #ifdef TC_T1
-    /* one-token plain decode of a 16-bit time-contiguous state: in place (tc_t1_unit) */
-    const int t1 = e == 2 && !spec && sd > 1 && sd <= TC_T1_MAX_SD && H <= sd && nline > 0;
-    if (t1) tc_t1_unit(p, r0, r1, c0, nline, wt, dt, silu);
+    /* short decode of a 16-bit time-contiguous state: in place (tc_t1_unit) */
+    const int t1 = e == 2 && sd > 1 && sd <= TC_T1_MAX_SD && H <= sd && nline > 0;
+    if (t1) tc_t1_unit(p, r0, r1, c0, nline, wt, dt, silu, spec);
 #endif
     for (int64_t i = r0; i < r1; i++) {
         const gdn_request r = gdn_get_request(p, i);
         if (r.skip) continue;
 #ifdef TC_T1
-        if (t1 && r.T == 1) {   /* (done above, but for the channels after the last line step) */
+        if (t1 && TC_T1_TAKES(spec, r.T)) {   /* (done above, but for the channels after the last line step) */
             if (nline < c1 - c0) gdn_update_scalar_range(p, &r, 1, c0 + nline, c1);
             continue;
         }
