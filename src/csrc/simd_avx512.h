@@ -410,10 +410,11 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
 /* Short decode of a 16-bit time-contiguous state, read and rolled in place
  * (update_simd.h's tc_t1_unit), a group of 32 channels at a time: its block (element
  * (k, j) at j*sd + k) is sd <= TC_T1_MAX_SD vectors. Row k of the group's half h (16
- * channels) is one two-source word permute of block vectors a = h*sd/2 and a + 1 (16
- * channels span at most two), straight into fp32 lanes for bf16 (each word to the high
- * half of its dword, the low half zeroed: the conversion itself) or packed for fp16,
- * then converted; so nothing is staged. The roll (rows k < H-1 <- row k + shift, rows
+ * channels) is one two-source word permute of block vectors a = h*sd/2 and a + 1 where
+ * sd <= 4 (16 channels span at most two), and two, of vectors a, a + 1 and a + 2, a + 3,
+ * merged by a mask, where sd > 4 (they span at most four), straight into fp32 lanes for
+ * bf16 (each word to the high half of its dword, the low half zeroed: the conversion
+ * itself) or packed for fp16, then converted; so nothing is staged. The roll (rows k < H-1 <- row k + shift, rows
  * H-1+t <- token t, t < T, rows from H-1+T on kept; plain: shift 1, T = 1; spec: shift
  * off + 1) is per block vector m its elements' successors (the row shift on in the same
  * channel: a load shift elements on, 1.04x faster than a two-source permute of vectors m
@@ -422,13 +423,15 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
  * the same channel, within the vector: a one-source permute there, so the load never
  * passes the group's block. */
 #define TC_T1 1
-#define TC_T1_MAX_SD 4
+#define TC_T1_MAX_SD 8
+#define TC_T1_MAX_T 4   /* tokens a roll places */
 
 typedef struct {
     __m512i row[TC_T1_MAX_SD][2];     /* row k, half h: lane (word) <- pair element */
+    uint32_t first[TC_T1_MAX_SD][2];  /* sd > 4: lanes (words) of row k, half h from vectors a, a + 1 */
     __m512i old, tok[TC_T1_MAX_SD];   /* old: lane i <- lane i + 1 (the last vector's successors) */
-    uint32_t from_tok[TC_T1_MAX_SD][TC_T1_MAX_SD];   /* [m][t]: lanes of row H-1+t */
-    uint32_t keep[TC_T1_MAX_SD][TC_T1_MAX_SD + 1];   /* [m][T]: lanes of rows < H-1+T */
+    uint32_t from_tok[TC_T1_MAX_SD][TC_T1_MAX_T];      /* [m][t]: lanes of row H-1+t */
+    uint32_t keep[TC_T1_MAX_SD][TC_T1_MAX_T + 1];      /* [m][T]: lanes of rows < H-1+T */
     uint32_t last;   /* lanes of the last block vector read: those up to the last channel's row L-1 */
 } tc_t1_plan;
 
@@ -437,16 +440,21 @@ GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const 
     /* bf16: dword i's high word is channel 16h + i; fp16: word i (lanes from 16: any) */
     const __m512i ch = dt == GDN_F16 ? _mm512_and_si512(iota, _mm512_set1_epi16(15)) : _mm512_srli_epi16(iota, 1);
     for (int h = 0; h < 2; h++)
-        for (int k = 0; k < sd; k++)
+        for (int k = 0; k < sd; k++) {
             t->row[k][h] = _mm512_add_epi16(_mm512_mullo_epi16(ch, _mm512_set1_epi16((short)sd)),
                                             _mm512_set1_epi16((short)(16 * h * sd + k - 32 * (h * sd / 2))));
+            if (sd > 4) t->first[k][h] = (uint32_t)_mm512_cmplt_epu16_mask(t->row[k][h], _mm512_set1_epi16(64));
+        }
     t->old = _mm512_add_epi16(iota, _mm512_set1_epi16(1));
     for (int m = 0; m < sd; m++) {
         __m512i k, j;
         tc_block_kj(m, sd, 2, &k, &j);
         t->tok[m] = j;
-        for (int q = 0; q < TC_T1_MAX_SD; q++) t->from_tok[m][q] = tc_eq(k, H - 1 + q, 2);
-        for (int q = 0; q <= TC_T1_MAX_SD; q++) t->keep[m][q] = tc_rows(k, 0, H - 1 + q, 2);
+        t->keep[m][0] = tc_rows(k, 0, H - 1, 2);
+        for (int q = 0; q < TC_T1_MAX_T; q++) {
+            t->from_tok[m][q] = tc_eq(k, H - 1 + q, 2);
+            t->keep[m][q + 1] = t->keep[m][q] | t->from_tok[m][q];
+        }
     }
     /* the block ends sd - L elements after the last channel's row L-1, which may be the
      * array's last element: those lanes are not read */
@@ -456,9 +464,20 @@ GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const 
 /* row k of half h of a group's block vectors sv, as fp32 */
 GDN_INLINE V tc_t1_row(const __m512i *sv, const tc_t1_plan *t, const int k, const int h, const int sd, const int dt) {
     const int a = h * sd / 2, b = a + 1 < sd ? a + 1 : a;
-    if (dt == GDN_F16)
-        return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(sv[a], t->row[k][h], sv[b])));
-    return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi16(0xaaaaaaaau, sv[a], t->row[k][h], sv[b]));
+    if (sd <= 4) {
+        if (dt == GDN_F16)
+            return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(sv[a], t->row[k][h], sv[b])));
+        return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi16(0xaaaaaaaau, sv[a], t->row[k][h], sv[b]));
+    }
+    const int c = a + 2 < sd ? a + 2 : sd - 1, d = a + 3 < sd ? a + 3 : sd - 1;
+    const __mmask32 f = t->first[k][h];
+    if (dt == GDN_F16) {
+        const __m512i lo = _mm512_permutex2var_epi16(sv[a], t->row[k][h], sv[b]);
+        const __m512i hi = _mm512_permutex2var_epi16(sv[c], t->row[k][h], sv[d]);
+        return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_mov_epi16(lo, (__mmask32)~f, hi)));
+    }
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_maskz_permutex2var_epi16(0xaaaaaaaau & f, sv[a], t->row[k][h], sv[b]),
+                                               _mm512_maskz_permutex2var_epi16(0xaaaaaaaau & ~f, sv[c], t->row[k][h], sv[d])));
 }
 
 /* the roll of a group's block vectors sv (at blk) by shift = off + 1 with the T tokens' words tok */

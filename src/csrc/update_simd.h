@@ -413,7 +413,8 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
 
 /* tc_t1_unit takes plain decode of one token and speculative decode of the tokens the
  * block holds (W - 2 + T <= state_len <= sd: at most TC_T1_MAX_SD) */
-#define TC_T1_TAKES(spec, T) ((spec) || (T) == 1)
+#define TC_T1_TAKES(spec, T) ((spec) ? (T) <= TC_T1_MAX_T : (T) == 1)
+#define TC_T1_MAX_W 5
 
 /* The unit's requests that TC_T1_TAKES (the others: simd_unit), for constant dtype,
  * width, activation and mode. */
@@ -434,19 +435,29 @@ GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r
         char *os = r.out + 2 * c0;
         const int off = spec ? (int)r.off : 0;
         int64_t c = 0;
-#define TC_T1_T(SD, T) for (; c < nline; c += 32) tc_t1_step(st, SD, x, xt, os, ot, T, off, c, wt, &nx, &t, dt, W, silu, WP)
-#define TC_T1_SD(SD)                                          \
-    if (!spec) TC_T1_T(SD, 1);                                \
-    else switch (r.T) {                                       \
-        case 1: TC_T1_T(SD, 1); break;                        \
-        case 2: TC_T1_T(SD, 2); break;                        \
-        case 3: if (SD >= 3) TC_T1_T(SD, 3); break;           \
-        default: if (SD >= 4) TC_T1_T(SD, 4); break;          \
+        /* (instantiated where the block holds the rows: W - 1 <= sd, W - 2 + T <= sd) */
+#define TC_T1_T(SD, T)                                                                                      \
+    do {                                                                                                    \
+        if (W - 2 + T <= SD)                                                                                \
+            for (; c < nline; c += 32) tc_t1_step(st, SD, x, xt, os, ot, T, off, c, wt, &nx, &t, dt, W, silu, WP); \
+    } while (0)
+#define TC_T1_SD(SD)                            \
+    if (W - 1 > SD) break;                      \
+    if (!spec) TC_T1_T(SD, 1);                  \
+    else switch (r.T) {                         \
+        case 1: TC_T1_T(SD, 1); break;          \
+        case 2: TC_T1_T(SD, 2); break;          \
+        case 3: TC_T1_T(SD, 3); break;          \
+        default: TC_T1_T(SD, 4); break;         \
         }
         switch (sd) {
         case 2: TC_T1_SD(2) break;
         case 3: TC_T1_SD(3) break;
-        default: TC_T1_SD(4) break;
+        case 4: TC_T1_SD(4) break;
+        case 5: TC_T1_SD(5) break;
+        case 6: TC_T1_SD(6) break;
+        case 7: TC_T1_SD(7) break;
+        default: TC_T1_SD(8) break;
         }
 #undef TC_T1_SD
 #undef TC_T1_T
@@ -515,7 +526,7 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     GDN_ALIGN64 char buf[(GDN_MAX_WIDTH - 1 + GDN_SLAB) * GDN_BLOCK_CHANNELS * 4];
 #ifdef TC_T1
     /* short decode of a 16-bit time-contiguous state: in place (tc_t1_unit) */
-    const int t1 = e == 2 && sd > 1 && sd <= TC_T1_MAX_SD && H <= sd && nline > 0;
+    const int t1 = e == 2 && sd > 1 && sd <= TC_T1_MAX_SD && H <= sd && W <= TC_T1_MAX_W && nline > 0;
     if (t1) tc_t1_unit(p, r0, r1, c0, nline, wt, dt, silu, spec);
 #endif
     for (int64_t i = r0; i < r1; i++) {
