@@ -435,12 +435,14 @@ typedef struct {
     uint32_t last;   /* lanes of the last block vector read: those up to the last channel's row L-1 */
 } tc_t1_plan;
 
-GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const int L, const int dt) {
+/* (rows: the window rows read, from row 0; nt: the token counts rolled, from 1) */
+GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const int L, const int dt, const int rows,
+                                const int nt) {
     const __m512i iota = tc_iota(2);
     /* bf16: dword i's high word is channel 16h + i; fp16: word i (lanes from 16: any) */
     const __m512i ch = dt == GDN_F16 ? _mm512_and_si512(iota, _mm512_set1_epi16(15)) : _mm512_srli_epi16(iota, 1);
     for (int h = 0; h < 2; h++)
-        for (int k = 0; k < sd; k++) {
+        for (int k = 0; k < rows; k++) {
             t->row[k][h] = _mm512_add_epi16(_mm512_mullo_epi16(ch, _mm512_set1_epi16((short)sd)),
                                             _mm512_set1_epi16((short)(16 * h * sd + k - 32 * (h * sd / 2))));
             if (sd > 4) t->first[k][h] = (uint32_t)_mm512_cmplt_epu16_mask(t->row[k][h], _mm512_set1_epi16(64));
@@ -451,7 +453,7 @@ GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const 
         tc_block_kj(m, sd, 2, &k, &j);
         t->tok[m] = j;
         t->keep[m][0] = tc_rows(k, 0, H - 1, 2);
-        for (int q = 0; q < TC_T1_MAX_T; q++) {
+        for (int q = 0; q < nt; q++) {
             t->from_tok[m][q] = tc_eq(k, H - 1 + q, 2);
             t->keep[m][q + 1] = t->keep[m][q] | t->from_tok[m][q];
         }

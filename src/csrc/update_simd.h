@@ -424,7 +424,7 @@ GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r
     const int sd = (int)p->state_stride_d;
     const int64_t xt = p->x_stride_t * 2, ot = p->out_stride_t * 2;
     tc_t1_plan t;
-    tc_t1_plan_make(&t, sd, W - 1, (int)p->state_len, dt);
+    tc_t1_plan_make(&t, sd, W - 1, (int)p->state_len, dt, spec ? sd : W - 1, spec ? TC_T1_MAX_T : 1);
     for (int64_t i = r0; i < r1; i++) {
         const gdn_request r = gdn_get_request(p, i);
         if (r.skip || !TC_T1_TAKES(spec, r.T)) continue;
