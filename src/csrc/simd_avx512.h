@@ -414,12 +414,12 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
  * sd <= 4 (16 channels span at most two), and two, of vectors a, a + 1 and a + 2, a + 3,
  * merged by a mask, where sd > 4 (they span at most four), straight into fp32 lanes for
  * bf16 (each word to the high half of its dword, the low half zeroed: the conversion
- * itself) or packed for fp16, then converted; so nothing is staged. The roll (rows k < H-1 <- row k + shift, rows
- * H-1+t <- token t, t < T, rows from H-1+T on kept; plain: shift 1, T = 1; spec: shift
- * off + 1) is per block vector m its elements' successors (the row shift on in the same
- * channel: a load shift elements on, 1.04x faster than a two-source permute of vectors m
- * and m + 1) and one permute of each token's 32 words, merged by masks and stored with
- * the lanes of rows < H-1+T. The last vector's lanes that take an old row take it from
+ * itself) or packed for fp16, then converted; so nothing is staged. The roll (rows
+ * k < H-1 <- row k + shift, rows H-1+t <- token t, t < T, rows from H-1+T on kept;
+ * plain: shift 1, T = 1; spec: shift off + 1) is per block vector m its elements'
+ * successors (the row shift on in the same channel: a load shift elements on, 1.04x
+ * faster than a two-source permute of vectors m and m + 1) and one permute of each
+ * token's 32 words, merged by masks and stored with the lanes of rows < H-1+T. The last vector's lanes that take an old row take it from
  * the same channel, within the vector: a one-source permute there, so the load never
  * passes the group's block. */
 #define TC_T1 1

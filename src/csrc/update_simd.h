@@ -375,8 +375,8 @@ GDN_INLINE void sd_direct(const gdn_update_params *p, const gdn_request *r, int6
 
 #ifdef TC_T1
 /* Short decode of a 16-bit time-contiguous state with channel stride sd <= TC_T1_MAX_SD
- * (vLLM's DS layout at state_len up to 4: plain decode of one token, speculative decode
- * of up to 2 tokens at W = 4), 32 channels (one group of the ISA header's tc_t1_row and
+ * (vLLM's DS layout: plain decode of one token, speculative decode of up to TC_T1_MAX_T
+ * tokens), 32 channels (one group of the ISA header's tc_t1_row and
  * tc_t1_roll) at channel c of the block at st (row 0), the T tokens at x (rows xt bytes
  * apart), the outputs to os (ot apart), nothing staged. The window (rows off..off+W-2)
  * and the tokens are read, and the state rolled, before the outputs are written (out may
@@ -411,8 +411,9 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
     simd_token_groups(x + 2 * c, xt, os + 2 * c, ot, T, w, b, hf, 2, dt, W, silu);
 }
 
-/* tc_t1_unit takes plain decode of one token and speculative decode of the tokens the
- * block holds (W - 2 + T <= state_len <= sd: at most TC_T1_MAX_SD) */
+/* tc_t1_unit takes plain decode of one token and speculative decode of up to
+ * TC_T1_MAX_T tokens; the block holds their rows, since validation keeps W - 1 <= state_len
+ * and W - 2 + T <= state_len, and state_len <= sd */
 #define TC_T1_TAKES(spec, T) ((spec) ? (T) <= TC_T1_MAX_T : (T) == 1)
 #define TC_T1_MAX_W 5
 
