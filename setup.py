@@ -66,6 +66,44 @@ def openmp_flags(compiler, build_flags):
     return omp
 
 
+def compile_side_by_side(compiler, jobs):
+    """Make compiler.compile (a unix compiler's: distutils' CCompiler.compile, which
+    compiles one source after another) compile up to ``jobs`` sources at once, each with
+    distutils' own per-source step (_compile), so flags, the dependency check and errors
+    stay distutils'. (build_ext's --parallel runs extensions side by side, not one
+    extension's sources.) On the 2-core VM: 213 s against ~420 s one after another, the
+    two AVX-512 update kernels taking 187 s and 108 s of it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=False, extra_preargs=None,
+                extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            for done in [pool.submit(one, obj) for obj in objects if obj in build]:
+                done.result()     # (raises the first failure, CompileError, after the rest finish)
+        return objects
+
+    compiler.compile = compile
+
+
+def build_jobs(parallel):
+    """Sources compiled at once: build_ext's --parallel / -j N when given, else
+    GDNCONV_BUILD_JOBS, else the CPUs this process may run on."""
+    if parallel:
+        return (os.cpu_count() or 1) if parallel is True else int(parallel)
+    env = os.environ.get("GDNCONV_BUILD_JOBS", "").strip()
+    if env:
+        return int(env)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 if __name__ == "__main__":
     import numpy as np
     from Cython.Build import cythonize
@@ -82,6 +120,8 @@ if __name__ == "__main__":
             for ext in self.extensions:
                 ext.extra_compile_args = opt + omp + nodebug
                 ext.extra_link_args = [] if msvc else omp
+            if self.compiler.compiler_type == "unix":   # (MSVC's compile is its own)
+                compile_side_by_side(self.compiler, build_jobs(self.parallel))
             super().build_extensions()
 
     ext = Extension(

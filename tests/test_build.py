@@ -72,3 +72,47 @@ def test_probe_fails_loudly_when_openmp_does_not_link():
 
 def test_no_openmp_is_the_explicit_opt_out():
     assert _probe(LDFLAGS="-lgdnconv_no_such_library", GDNCONV_NO_OPENMP="1") == "FLAGS []"
+
+
+SIDE_BY_SIDE = """
+import os, runpy, shutil, sys, tempfile
+import setuptools
+from distutils.ccompiler import new_compiler
+from distutils.errors import CompileError
+from distutils.sysconfig import customize_compiler
+cc = new_compiler()
+customize_compiler(cc)
+if cc.compiler_type != "unix" or not shutil.which(cc.compiler[0]):
+    print("SKIP no unix C compiler")
+    raise SystemExit
+setup = runpy.run_path({setup!r}, run_name="gdnconv_setup")
+setup["compile_side_by_side"](cc, 2)
+with tempfile.TemporaryDirectory() as tmp:
+    srcs = []
+    for name, body in (("a", "int a(void) {{ return 1; }}"), ("b", "int b(void) {{ return 2; }}"),
+                       ("bad", "int bad(void) {{ return }}"), ("c", "int c(void) {{ return 3; }}")):
+        srcs.append(os.path.join(tmp, name + ".c"))
+        with open(srcs[-1], "w") as f:
+            f.write(body + "\\n")
+    good = [s for s in srcs if "bad" not in s]
+    objs = cc.compile(good, output_dir=tmp)
+    print("BUILT", sorted(os.path.basename(o) for o in objs if os.path.getsize(o) > 0))
+    try:
+        cc.compile(srcs, output_dir=os.path.join(tmp, "second"))
+        print("NO ERROR")
+    except CompileError as e:
+        print("ERROR", type(e).__name__)
+"""
+
+
+def test_sources_compile_side_by_side_and_a_failure_stops_the_build():
+    """setup.py compiles the extension's sources side by side (compile_side_by_side): every
+    object is built, and a source that does not compile fails the build with distutils'
+    CompileError, as one after another (the compiler's message names the file)."""
+    r = run_python(SIDE_BY_SIDE.format(setup=SETUP))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    if lines[-1].startswith("SKIP"):
+        pytest.skip(lines[-1])
+    assert "BUILT ['a.o', 'b.o', 'c.o']" in lines, r.stdout
+    assert lines[-1] == "ERROR CompileError", r.stdout

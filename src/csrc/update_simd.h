@@ -416,6 +416,16 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
  * and W - 2 + T <= state_len, and state_len <= sd */
 #define TC_T1_TAKES(spec, T) ((spec) ? (T) <= TC_T1_MAX_T : (T) == 1)
 #define TC_T1_MAX_W 5
+/* The 16-bit dtype codes this file's kernel passes to simd_unit, which tc_t1_unit is
+ * instantiated for: with GDN_SIMD_BF16_NATIVE (update_avx512bf16.c, whose kernel takes
+ * bf16 calls only) GDN_BF16_NATIVE, else GDN_F16 and GDN_BF16. Each instantiation is
+ * ~200 kB of code (dtype x width x activation x mode x channel stride x tokens): the one
+ * never called doubled update_avx512.c's compile time. */
+#ifdef GDN_SIMD_BF16_NATIVE
+#define TC_T1_DTYPE(dt) ((dt) == GDN_BF16_NATIVE)
+#else
+#define TC_T1_DTYPE(dt) ((dt) == GDN_F16 || (dt) == GDN_BF16)
+#endif
 
 /* The unit's requests that TC_T1_TAKES (the others: simd_unit), for constant dtype,
  * width, activation and mode. */
@@ -480,12 +490,15 @@ static GDN_NOINLINE void tc_t1_unit(const gdn_update_params *p, int64_t r0, int6
         break;                                                                                      \
     default: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 5, S, 0, SP); break;                      \
     }
+#ifdef GDN_SIMD_BF16_NATIVE
+#define TC_T1_DT(S, SP) TC_T1_W(GDN_BF16_NATIVE, S, SP)   /* (TC_T1_DTYPE: dt is GDN_BF16_NATIVE) */
+#else
 #define TC_T1_DT(S, SP)                                                                             \
     switch (dt) {                                                                                   \
     case GDN_F16: TC_T1_W(GDN_F16, S, SP) break;                                                    \
-    case GDN_BF16: TC_T1_W(GDN_BF16, S, SP) break;                                                  \
-    default: TC_T1_W(GDN_BF16_NATIVE, S, SP) break;                                                 \
+    default: TC_T1_W(GDN_BF16, S, SP) break;                    /* (TC_T1_DTYPE: GDN_BF16) */       \
     }
+#endif
     if (spec) {
         if (silu) TC_T1_DT(1, 1)
         else TC_T1_DT(0, 1)
@@ -527,7 +540,7 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     GDN_ALIGN64 char buf[(GDN_MAX_WIDTH - 1 + GDN_SLAB) * GDN_BLOCK_CHANNELS * 4];
 #ifdef TC_T1
     /* short decode of a 16-bit time-contiguous state: in place (tc_t1_unit) */
-    const int t1 = e == 2 && sd > 1 && sd <= TC_T1_MAX_SD && H <= sd && W <= TC_T1_MAX_W && nline > 0;
+    const int t1 = TC_T1_DTYPE(dt) && sd > 1 && sd <= TC_T1_MAX_SD && H <= sd && W <= TC_T1_MAX_W && nline > 0;
     if (t1) tc_t1_unit(p, r0, r1, c0, nline, wt, dt, silu, spec);
 #endif
     for (int64_t i = r0; i < r1; i++) {
