@@ -71,7 +71,7 @@ def compile_side_by_side(compiler, jobs):
     compiles one source after another) compile up to ``jobs`` sources at once, each with
     distutils' own per-source step (_compile), so flags, the dependency check and errors
     stay distutils'. (build_ext's --parallel runs extensions side by side, not one
-    extension's sources.) On the 2-core VM: 213 s against ~420 s one after another, the
+    extension's sources.) On the 2-core VM: 213 s against 400 s one after another, the
     two AVX-512 update kernels taking 187 s and 108 s of it."""
     from concurrent.futures import ThreadPoolExecutor
 

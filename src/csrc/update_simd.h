@@ -420,7 +420,7 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
  * instantiated for: with GDN_SIMD_BF16_NATIVE (update_avx512bf16.c, whose kernel takes
  * bf16 calls only) GDN_BF16_NATIVE, else GDN_F16 and GDN_BF16. Each instantiation is
  * ~200 kB of code (dtype x width x activation x mode x channel stride x tokens): the one
- * never called doubled update_avx512.c's compile time. */
+ * never called took update_avx512.c's compile from 187 to 334 s. */
 #ifdef GDN_SIMD_BF16_NATIVE
 #define TC_T1_DTYPE(dt) ((dt) == GDN_BF16_NATIVE)
 #else
