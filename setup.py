@@ -100,6 +100,9 @@ def build_jobs(parallel):
         return (os.cpu_count() or 1) if parallel is True else int(parallel)
     env = os.environ.get("GDNCONV_BUILD_JOBS", "").strip()
     if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"GDNCONV_BUILD_JOBS={env!r} is not a positive integer: set it to the number of "
+                             f"sources to compile at once (e.g. GDNCONV_BUILD_JOBS=2), or unset it to use every CPU")
         return int(env)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 

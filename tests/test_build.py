@@ -116,3 +116,20 @@ def test_sources_compile_side_by_side_and_a_failure_stops_the_build():
         pytest.skip(lines[-1])
     assert "BUILT ['a.o', 'b.o', 'c.o']" in lines, r.stdout
     assert lines[-1] == "ERROR CompileError", r.stdout
+
+
+def test_build_jobs_from_the_option_the_environment_or_the_cpus(monkeypatch):
+    """build_jobs: build_ext -j N first, then GDNCONV_BUILD_JOBS, then the CPUs; a
+    GDNCONV_BUILD_JOBS that is not a positive integer is refused, naming the variable."""
+    import runpy
+    jobs = runpy.run_path(SETUP, run_name="gdnconv_setup")["build_jobs"]
+    monkeypatch.setenv("GDNCONV_BUILD_JOBS", "3")
+    assert jobs(5) == 5
+    assert jobs(None) == 3
+    monkeypatch.delenv("GDNCONV_BUILD_JOBS")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert jobs(None) == cpus
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("GDNCONV_BUILD_JOBS", bad)
+        with pytest.raises(ValueError, match=f"GDNCONV_BUILD_JOBS='{bad}' is not a positive integer"):
+            jobs(None)
