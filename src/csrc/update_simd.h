@@ -396,7 +396,7 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
      * (the compiler spilled the token routine's vectors instead: ds/sd 1.25 -> 1.14);
      * fp16, whose conversion takes registers of its own, ran 1.20 -> 1.25 that way */
     if (dt != GDN_F16) __asm__("" : "+r"(t));
-    __m512i sv[TC_T1_MAX_SD], tok[TC_T1_MAX_SD];
+    __m512i sv[TC_T1_MAX_SD], tok[TC_T1_MAX_T];
 #pragma GCC unroll 8
     for (int m = 0; m < sd - 1; m++) sv[m] = _mm512_loadu_si512(blk + 64 * m);
     sv[sd - 1] = _mm512_maskz_loadu_epi16(t->last, blk + 64 * (sd - 1));
