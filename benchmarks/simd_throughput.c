@@ -2,9 +2,10 @@
  * alone and paired with an FMA or an add (which shows which pipes they share).
  * Eight independent chains per loop, so latency does not limit; cycles assume the
  * clock given on the command line (GHz, default 3.65: measure it with a dependent
- * add loop or read it from /proc/cpuinfo). Needs AVX-512 F/BW/DQ/VL and AVX512-BF16.
+ * add loop or read it from /proc/cpuinfo). Needs AVX-512 F/BW/DQ/VL, AVX512-BF16 and
+ * AVX512-VBMI.
  *
- *   gcc -O2 -mfma -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 \
+ *   gcc -O2 -mfma -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx512bf16 -mavx512vbmi \
  *       benchmarks/simd_throughput.c -o /tmp/simd_throughput && /tmp/simd_throughput 3.65
  *
  * On the 2-core EPYC development VM a zmm FMA, mul or add took 1.0 cycle and a ymm
@@ -14,7 +15,11 @@
  * scalef, add, rcp14, mul) thus needs ~5 cycles of each pipe pair per 16 outputs.
  * On the 2-core Sapphire Rapids-class VM (3 runs at the default clock) the two-source
  * word permute vpermt2w took 2.7-2.8 cycles, twice vpermt2d's 1.3-1.4 (and vpermw's
- * 1.4-2.1; a zmm add 0.7-1.1): the time-contiguous transposition's cost (docs/design.md). */
+ * 1.4-2.1; a zmm add 0.7-1.1): the time-contiguous transposition's cost (docs/design.md).
+ * On a 2-core Xeon model 167 (stop 49, default clock): vpermw, vpermb (AVX512-VBMI, merge-
+ * masked or not) and vpermt2d 1.03 each, vpermt2w and vpermt2b 2.05; paired with an FMA,
+ * vpermb + fma 0.54 (apart: one uop, port 5) against vpermw + fma 0.82 (a second uop shares
+ * the FMA's port). */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +64,9 @@ static double ghz = 3.65;
 #define Z_PW(x) _mm512_castsi512_ps(_mm512_permutexvar_epi16(_mm512_castps_si512(k), _mm512_castps_si512(x)))
 #define Z_P2W(x) _mm512_castsi512_ps(_mm512_permutex2var_epi16(_mm512_castps_si512(x), _mm512_castps_si512(k), _mm512_castps_si512(k)))
 #define Z_P2D(x) _mm512_castsi512_ps(_mm512_permutex2var_epi32(_mm512_castps_si512(x), _mm512_castps_si512(k), _mm512_castps_si512(k)))
+#define Z_PB(x) _mm512_castsi512_ps(_mm512_permutexvar_epi8(_mm512_castps_si512(k), _mm512_castps_si512(x)))
+#define Z_PBM(x) _mm512_castsi512_ps(_mm512_mask_permutexvar_epi8(_mm512_castps_si512(x), 0x5555555555555555ull, _mm512_castps_si512(k), _mm512_castps_si512(k)))
+#define Z_P2B(x) _mm512_castsi512_ps(_mm512_permutex2var_epi8(_mm512_castps_si512(x), _mm512_castps_si512(k), _mm512_castps_si512(k)))
 #define Z_DP(x) _mm512_dpbf16_ps(x, (__m512bh)_mm512_castps_si512(k), (__m512bh)_mm512_castps_si512(k))
 #define Y_FMA(x) _mm256_fmadd_ps(x, k, k)
 #define Y_ADD(x) _mm256_add_ps(x, k)
@@ -81,6 +89,11 @@ int main(int argc, char **argv) {
     BENCH(__m512, _mm512_set1_ps, "zmm vpermw", Z_PW, Z_PW)
     BENCH(__m512, _mm512_set1_ps, "zmm vpermt2w", Z_P2W, Z_P2W)
     BENCH(__m512, _mm512_set1_ps, "zmm vpermt2d", Z_P2D, Z_P2D)
+    BENCH(__m512, _mm512_set1_ps, "zmm vpermb", Z_PB, Z_PB)
+    BENCH(__m512, _mm512_set1_ps, "zmm vpermb merge-masked", Z_PBM, Z_PBM)
+    BENCH(__m512, _mm512_set1_ps, "zmm vpermt2b", Z_P2B, Z_P2B)
+    BENCH(__m512, _mm512_set1_ps, "zmm vpermb + fma", Z_PB, Z_FMA)
+    BENCH(__m512, _mm512_set1_ps, "zmm vpermw + fma", Z_PW, Z_FMA)
     BENCH(__m512, _mm512_set1_ps, "zmm dpbf16ps", Z_DP, Z_DP)
     return 0;
 }
