@@ -88,7 +88,7 @@ def test_time_contiguous_matches_channel_contiguous(isa, rng, dtype, W, mode):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("D", [16, 31, 32, 33, 64, 255, 257, 520])
 def test_channel_tails_and_array_end(isa, rng, dtype, D):
-    """D around the line sizes (16 fp32 / 32 16-bit channels, 8 on avx2): the last line
+    """D around the line sizes (16 fp32 / 32 16-bit channels; avx2 8 / 16): the last line
     of the array and the block tail take the element loops; the state's memory ends at
     the view's last element (ds), so no read may pass it."""
     x, values, w, b, kw = make(rng, dtype, 4, D, "spec")

@@ -248,28 +248,54 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 #undef EACH
 
 /* ---- transposition of a time-contiguous state (update_simd.h's tc_load / tc_save) ----
- * Eight channels at a time in dword lanes (16-bit elements zero-extended on the way in,
- * packed on the way out). In: the block (element (k, j) at j*sd + k) is sd vectors and
- * row k takes lane j from element j*sd + k; out: block vector m takes lane i from row
- * k, channel j, where 8m + i = j*sd + k. A gather is a lane permute and a blend per
- * source vector. AVX2 has no 16-bit masked store: 16-bit rows go back by vectors only
- * when the block has no gaps (sd == R), by the element loop otherwise. */
-#define TC_LINE(e) 8
+ * fp32: eight channels at a time in dword lanes; in: the block (element (k, j) at
+ * j*sd + k) is sd vectors and row k takes lane j from element j*sd + k; out: block vector
+ * m takes lane i from row k, channel j, where 8m + i = j*sd + k. A gather is a lane
+ * permute and a blend per source vector.
+ * 16-bit: sixteen channels at a time, eight per 128-bit lane (the line's two halves, whose
+ * blocks are 16 sd bytes apart, each the same pattern): in, the block's 16-byte chunk m of
+ * both halves is one register, and row k is the OR over m of one byte shuffle (vpshufb,
+ * within lanes) of chunk m, whose indices pick row k's words from that chunk and zero the
+ * rest; out, block chunk m of both halves is the OR over k of one byte shuffle of row k
+ * (16 words: a half per lane). R sd shuffles per 16 channels each way, where the dword
+ * gathers took 3 R sd operations per 8 channels. AVX2 has no 16-bit masked store: 16-bit
+ * rows go back by vectors only when the block has no gaps (sd == R), by the element loop
+ * otherwise. */
+#define TC_LINE(e) ((e) == 2 ? 16 : 8)
 
 typedef struct {
-    __m256i idx[GDN_MAX_WIDTH];    /* in: per row k; out: per block vector m */
-    __m256i keep[GDN_MAX_WIDTH];   /* out: lanes stored (fp32) */
+    __m256i idx[GDN_MAX_WIDTH];    /* fp32 in: per row k; out: per block vector m */
+    __m256i keep[GDN_MAX_WIDTH];   /* fp32 out: lanes stored */
+    /* 16-bit in: [k][m], row k's bytes from chunk m; out: [m][k], chunk m's bytes from row k
+     * (0x80: zero); the same 16 indices in both lanes */
+    uint8_t shuf[GDN_MAX_WIDTH][GDN_MAX_WIDTH][32];
 } tc_plan;
 
 GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
-    (void)e;
+    if (e == 2) {   /* row k's word j is element j*sd + k: word % 8 of chunk / 8 */
+        for (int k = 0; k < R; k++)
+            for (int m = 0; m < sd; m++)
+                for (int i = 0; i < 16; i++) {
+                    const int el = i / 2 * sd + k;
+                    t->shuf[k][m][i] = t->shuf[k][m][i + 16] = (uint8_t)(el / 8 == m ? el % 8 * 2 + i % 2 : 0x80);
+                }
+        return;
+    }
     const __m256i base = _mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(sd));
     for (int k = 0; k < R; k++) t->idx[k] = _mm256_add_epi32(base, _mm256_set1_epi32(k));
 }
 
 /* j = p / sd for p < 64, 2 <= sd <= 8: (p * ceil(2^16 / sd)) >> 16 is exact there */
 GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) {
-    (void)e;
+    if (e == 2) {   /* (sd == R: tc_out_ok) chunk m's word w is element 8m + w: row % sd, channel / sd */
+        for (int m = 0; m < sd; m++)
+            for (int k = 0; k < R; k++)
+                for (int i = 0; i < 16; i++) {
+                    const int el = 8 * m + i / 2;
+                    t->shuf[m][k][i] = t->shuf[m][k][i + 16] = (uint8_t)(el % sd == k ? el / sd * 2 + i % 2 : 0x80);
+                }
+        return;
+    }
     const __m256i magic = _mm256_set1_epi32((65536 + sd - 1) / sd);
     for (int m = 0; m < sd; m++) {
         const __m256i p = _mm256_add_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(8 * m));
@@ -292,35 +318,49 @@ GDN_INLINE __m256i tc_gather(const __m256i *v, const int n, __m256i idx) {
     return r;
 }
 
-GDN_INLINE __m256i tc_load8(const char *p, const int e) {
-    return e == 2 ? _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)) : _mm256_loadu_si256((const __m256i *)p);
-}
-
-GDN_INLINE void tc_store8(char *p, __m256i v, const int e) {
-    if (e == 4) _mm256_storeu_si256((__m256i *)p, v);
-    else _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08)));
+/* the OR over m < n of v[m] shuffled by shuf[m] (16-bit lines) */
+GDN_INLINE __m256i tc_shuffle_or(const __m256i *v, const int n, const uint8_t (*shuf)[32]) {
+    __m256i r = _mm256_shuffle_epi8(v[0], _mm256_load_si256((const __m256i *)shuf[0]));
+#pragma GCC unroll 8
+    for (int m = 1; m < n; m++)
+        r = _mm256_or_si256(r, _mm256_shuffle_epi8(v[m], _mm256_load_si256((const __m256i *)shuf[m])));
+    return r;
 }
 
 GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, const int R, const tc_plan *t,
                       const int e) {
     __m256i v[GDN_MAX_WIDTH];
+    if (e == 2) {
 #pragma GCC unroll 8
-    for (int m = 0; m < sd; m++) v[m] = tc_load8(src + 8 * e * m, e);
+        for (int m = 0; m < sd; m++)
+            v[m] = _mm256_loadu2_m128i((const __m128i *)(src + 16 * (sd + m)), (const __m128i *)(src + 16 * m));
 #pragma GCC unroll 8
-    for (int k = 0; k < R; k++) tc_store8(dst + k * bs, tc_gather(v, sd, t->idx[k]), e);
+        for (int k = 0; k < R; k++) _mm256_storeu_si256((__m256i *)(dst + k * bs), tc_shuffle_or(v, sd, t->shuf[k]));
+        return;
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < sd; m++) v[m] = _mm256_loadu_si256((const __m256i *)(src + 32 * m));
+#pragma GCC unroll 8
+    for (int k = 0; k < R; k++) _mm256_storeu_si256((__m256i *)(dst + k * bs), tc_gather(v, sd, t->idx[k]));
 }
 
 GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, int64_t bs, const tc_plan *t,
                        const int e) {
     __m256i v[GDN_MAX_WIDTH];
+    if (e == 2) {   /* R == sd (tc_out_ok) */
 #pragma GCC unroll 8
-    for (int k = 0; k < sd; k++) v[k] = k < R ? tc_load8(src + k * bs, e) : _mm256_setzero_si256();
+        for (int k = 0; k < sd; k++) v[k] = _mm256_loadu_si256((const __m256i *)(src + k * bs));
 #pragma GCC unroll 8
-    for (int m = 0; m < sd; m++) {
-        const __m256i r = tc_gather(v, sd, t->idx[m]);   /* sd: a constant, R is not */
-        if (e == 4) _mm256_maskstore_epi32((int *)(dst + 32 * m), t->keep[m], r);
-        else tc_store8(dst + 16 * m, r, e);   /* sd == R: every lane is kept */
+        for (int m = 0; m < sd; m++)
+            _mm256_storeu2_m128i((__m128i *)(dst + 16 * (sd + m)), (__m128i *)(dst + 16 * m),
+                                 tc_shuffle_or(v, sd, t->shuf[m]));
+        return;
     }
+#pragma GCC unroll 8
+    for (int k = 0; k < sd; k++) v[k] = k < R ? _mm256_loadu_si256((const __m256i *)(src + k * bs)) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int m = 0; m < sd; m++)   /* sd: a constant, R is not */
+        _mm256_maskstore_epi32((int *)(dst + 32 * m), t->keep[m], tc_gather(v, sd, t->idx[m]));
 }
 
 /* keeps the compiler from seeing through a register (see update_simd.h's simd_copy) */
