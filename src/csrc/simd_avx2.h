@@ -268,17 +268,27 @@ typedef struct {
     __m256i keep[GDN_MAX_WIDTH];   /* fp32 out: lanes stored */
     /* 16-bit in: [k][m], row k's bytes from chunk m; out: [m][k], chunk m's bytes from row k
      * (0x80: zero); the same 16 indices in both lanes */
-    uint8_t shuf[GDN_MAX_WIDTH][GDN_MAX_WIDTH][32];
+    __m256i shuf[GDN_MAX_WIDTH][GDN_MAX_WIDTH];
 } tc_plan;
+
+/* 16-bit plans: the shuffle taking word pos (per 16-bit lane; 0..7) where take, zero elsewhere */
+GDN_INLINE __m256i tc_word_shuf(const __m256i pos, const __m256i take) {
+    const __m256i bytes = _mm256_add_epi16(_mm256_mullo_epi16(pos, _mm256_set1_epi16(514)), _mm256_set1_epi16(256));
+    return _mm256_blendv_epi8(_mm256_set1_epi16((short)0x8080), bytes, take);   /* bytes 2 pos, 2 pos + 1 */
+}
+
+/* word j of each 128-bit lane: j */
+GDN_INLINE __m256i tc_lane_words(void) { return _mm256_set_epi16(7, 6, 5, 4, 3, 2, 1, 0, 7, 6, 5, 4, 3, 2, 1, 0); }
 
 GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
     if (e == 2) {   /* row k's word j is element j*sd + k: word % 8 of chunk / 8 */
-        for (int k = 0; k < R; k++)
+        for (int k = 0; k < R; k++) {
+            const __m256i el = _mm256_add_epi16(_mm256_mullo_epi16(tc_lane_words(), _mm256_set1_epi16((short)sd)),
+                                                _mm256_set1_epi16((short)k));
+            const __m256i chunk = _mm256_srli_epi16(el, 3), pos = _mm256_and_si256(el, _mm256_set1_epi16(7));
             for (int m = 0; m < sd; m++)
-                for (int i = 0; i < 16; i++) {
-                    const int el = i / 2 * sd + k;
-                    t->shuf[k][m][i] = t->shuf[k][m][i + 16] = (uint8_t)(el / 8 == m ? el % 8 * 2 + i % 2 : 0x80);
-                }
+                t->shuf[k][m] = tc_word_shuf(pos, _mm256_cmpeq_epi16(chunk, _mm256_set1_epi16((short)m)));
+        }
         return;
     }
     const __m256i base = _mm256_mullo_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(sd));
@@ -288,12 +298,14 @@ GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
 /* j = p / sd for p < 64, 2 <= sd <= 8: (p * ceil(2^16 / sd)) >> 16 is exact there */
 GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) {
     if (e == 2) {   /* (sd == R: tc_out_ok) chunk m's word w is element 8m + w: row % sd, channel / sd */
-        for (int m = 0; m < sd; m++)
+        const __m256i magic16 = _mm256_set1_epi16((short)((65536 + sd - 1) / sd));
+        for (int m = 0; m < sd; m++) {
+            const __m256i el = _mm256_add_epi16(tc_lane_words(), _mm256_set1_epi16((short)(8 * m)));
+            const __m256i ch = _mm256_mulhi_epu16(el, magic16);   /* (exact for el < 64, as below) */
+            const __m256i row = _mm256_sub_epi16(el, _mm256_mullo_epi16(ch, _mm256_set1_epi16((short)sd)));
             for (int k = 0; k < R; k++)
-                for (int i = 0; i < 16; i++) {
-                    const int el = 8 * m + i / 2;
-                    t->shuf[m][k][i] = t->shuf[m][k][i + 16] = (uint8_t)(el % sd == k ? el / sd * 2 + i % 2 : 0x80);
-                }
+                t->shuf[m][k] = tc_word_shuf(ch, _mm256_cmpeq_epi16(row, _mm256_set1_epi16((short)k)));
+        }
         return;
     }
     const __m256i magic = _mm256_set1_epi32((65536 + sd - 1) / sd);
@@ -319,11 +331,10 @@ GDN_INLINE __m256i tc_gather(const __m256i *v, const int n, __m256i idx) {
 }
 
 /* the OR over m < n of v[m] shuffled by shuf[m] (16-bit lines) */
-GDN_INLINE __m256i tc_shuffle_or(const __m256i *v, const int n, const uint8_t (*shuf)[32]) {
-    __m256i r = _mm256_shuffle_epi8(v[0], _mm256_load_si256((const __m256i *)shuf[0]));
+GDN_INLINE __m256i tc_shuffle_or(const __m256i *v, const int n, const __m256i *shuf) {
+    __m256i r = _mm256_shuffle_epi8(v[0], shuf[0]);
 #pragma GCC unroll 8
-    for (int m = 1; m < n; m++)
-        r = _mm256_or_si256(r, _mm256_shuffle_epi8(v[m], _mm256_load_si256((const __m256i *)shuf[m])));
+    for (int m = 1; m < n; m++) r = _mm256_or_si256(r, _mm256_shuffle_epi8(v[m], shuf[m]));
     return r;
 }
 
