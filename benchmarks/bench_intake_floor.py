@@ -16,13 +16,13 @@ leave of it (issue 26's small-batch cases).
 """
 import argparse
 import statistics
-import time
 
 import numpy as np
 import torch
 from torch.utils.cpp_extension import load_inline
 
 import gdnconv
+from harness import sample_ns
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -110,11 +110,7 @@ def main(argv=None):
     times = {name: [] for name in peers}
     for _ in range(args.repeats):
         for name, fn in peers.items():
-            fn()
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            times[name].append((time.perf_counter() - t0) / args.calls * 1e6)
+            times[name].append(sample_ns(fn, args.calls) / 1e3)
     print(f"gdnconv {gdnconv.__version__}, isa {gdnconv.active_isa()}, torch {torch.__version__}; bf16 D={D} "
           f"B={B} T={T} W={W}, speculative, SiLU, pack_weight's weight; warm, 1 thread; medians of "
           f"{args.repeats} interleaved rounds of {args.calls} calls")
