@@ -115,23 +115,23 @@ def test_more_tokens_than_a_slab(isa, rng, dtype, mode, T):
 @pytest.mark.parametrize("extra", [0, 1])
 def test_one_token_plain_decode(isa, rng, dtype, W, extra):
     """vLLM's plain decode: one token, state_len W-1 (or W, as with speculative decoding
-    configured; ``extra``), which AVX-512 reads and rolls in place for a 16-bit state of
-    channel stride <= 4 (ds, hf at small W): every layout as the channel-contiguous call,
-    bit for bit, nothing written outside the view."""
+    configured; ``extra``), which AVX-512 reads and rolls in place at channel stride <= 8
+    (16-bit) or <= 4 (fp32; ds, hf at small W): every layout as the channel-contiguous
+    call, bit for bit, nothing written outside the view."""
     x, values, w, b, kw = make(rng, dtype, W, 300, "plain", T=1)
     if extra:
         values = np.concatenate([values, rng.standard_normal(values[:, :1].shape).astype(values.dtype)], axis=1)
     check_every_layout(isa, x, values, w, b, kw)
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("W", range(2, 7))
 @pytest.mark.parametrize("T", range(1, 6))
 @pytest.mark.parametrize("extra", [0, 1])
 def test_short_speculative_decode(isa, rng, dtype, W, T, extra):
     """vLLM's speculative decode with state_len W-2+T (its DS layout's channel stride; one
     more row: ``extra``), which AVX-512 reads and rolls in place for a 16-bit state of
-    channel stride <= 8 at W <= 5 and T <= 4 (the others staged), from every window start
+    channel stride <= 8 (fp32: <= 4) at W <= 5 and T <= 4 (the others staged), from every window start
     the state holds: every layout as the channel-contiguous call, bit for bit, nothing
     written outside the view."""
     x, values, w, b, kw = make(rng, dtype, W, 300, "spec", T=T)
@@ -155,7 +155,7 @@ def _ending_at_a_page(shape, dtype):
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="the guard page needs POSIX mprotect, which Windows lacks")
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("D", [31, 32, 33, 64, 95, 257, 520])
 @pytest.mark.parametrize("layout", ["ds", "hf"])
 @pytest.mark.parametrize("mode, T, L", [("plain", 1, 3), ("plain", 1, 4), ("spec", 1, 3), ("spec", 2, 4),
@@ -163,9 +163,10 @@ def _ending_at_a_page(shape, dtype):
 def test_short_decode_tails_array_end_and_out_is_x(isa, rng, dtype, D, layout, mode, T, L):
     """Plain decode of one token and speculative decode of up to 4, W=4, on a
     time-contiguous state whose memory ends at the view's last element, followed by a page
-    that faults when read: the in-place path reads nothing past it (its last block vector
-    is read with a mask), and the channels past the last group take the element loops;
-    out=x as vLLM's callers pass it."""
+    that faults when read: the in-place path (16-bit; fp32 at channel stride <= 4) reads
+    nothing past it (its last block vector is read with a mask), and the channels past the
+    last line step take the element loops (fp32 at D = 95: a last unit whose line steps
+    end half way through a group of 32 is staged whole); out=x as vLLM's callers pass it."""
     x, values, w, b, kw = make(rng, dtype, 4, D, mode, T=T)
     if L > values.shape[1]:
         values = np.concatenate([values, rng.standard_normal(values[:, :1].shape).astype(values.dtype)], axis=1)

@@ -250,8 +250,17 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 /* ---- transposition of a time-contiguous state (update_simd.h's tc_load / tc_save) ----
  * fp32: eight channels at a time in dword lanes; in: the block (element (k, j) at
  * j*sd + k) is sd vectors and row k takes lane j from element j*sd + k; out: block vector
- * m takes lane i from row k, channel j, where 8m + i = j*sd + k. A gather is a lane
- * permute and a blend per source vector.
+ * m takes lane i from row k, channel j, where 8m + i = j*sd + k. Odd sd (3, 5, 7): the
+ * elements of a row lie in distinct lanes (j*sd + k mod 8 is one-to-one in j), so a row
+ * is the block vectors merged by immediate blends, then one lane permute; back, each row
+ * is permuted once and the block vectors are the rows merged by immediate blends (R
+ * permutes per 8 channels each way). sd 2 and 6: the same per half of the 8 channels
+ * (2 R). sd 4: two channels a 128-bit lane, a 4x4 transposition in lanes by in-lane
+ * shuffles (out: the rows, in channel order (0 2 4 6 1 3 5 7), permuted once each).
+ * sd 8: a gather is a lane permute and a variable blend per source vector (sd R
+ * permutes). On the Intel the kernels were timed on, a lane permute and a variable blend
+ * each take a cycle of one port, an immediate blend a third, an in-lane shuffle half
+ * (benchmarks/README.md, stop 50).
  * 16-bit: sixteen channels at a time, eight per 128-bit lane (the line's two halves, whose
  * blocks are 16 sd bytes apart, each the same pattern): in, the block's 16-byte chunk m of
  * both halves is one register, and row k is the OR over m of one byte shuffle (vpshufb,
@@ -266,6 +275,8 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
 typedef struct {
     __m256i idx[GDN_MAX_WIDTH];    /* fp32 in: per row k; out: per block vector m */
     __m256i keep[GDN_MAX_WIDTH];   /* fp32 out: lanes stored */
+    __m256i inv[GDN_MAX_WIDTH][2]; /* fp32 out, merged sd: row k's permute for channel set h (TC_SET), lane i <-
+                                      its channel j with j*sd + k = i mod 8 */
     /* 16-bit in: [k][m], row k's bytes from chunk m; out: [m][k], chunk m's bytes from row k
      * (0x80: zero); the same 16 indices in both lanes; built with vector operations (byte by
      * byte, building it took half of tc_load's and tc_save's time) */
@@ -317,9 +328,89 @@ GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) 
         t->idx[m] = _mm256_add_epi32(_mm256_slli_epi32(k, 3), j);   /* row k, channel j */
         t->keep[m] = _mm256_cmpgt_epi32(_mm256_set1_epi32(R), k);
     }
+    /* odd sd is its own inverse mod 8 (3 * 3, 5 * 5, 7 * 7 = 1): j = (i - k) * sd mod 8; sd = 2s
+     * (s = 1, 3: its own inverse mod 4), half h: j = 4h + (s (i - k) / 2 mod 4), i - k even */
+    for (int k = 0; k < R; k++) {
+        const __m256i d = _mm256_sub_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(k));
+        if (sd & 1) t->inv[k][0] = _mm256_mullo_epi32(d, _mm256_set1_epi32(sd));
+        for (int h = 0; h < 2 && !(sd & 1); h++)
+            t->inv[k][h] = _mm256_add_epi32(_mm256_set1_epi32(4 * h),
+                                            _mm256_and_si256(_mm256_mullo_epi32(_mm256_srai_epi32(d, 1), _mm256_set1_epi32(sd / 2)),
+                                                             _mm256_set1_epi32(3)));
+    }
 }
 
 GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { return e == 4 || sd == R; }
+
+/* fp32, sd odd or 2 or 6 (the lane merges): the lanes of block vector M whose elements
+ * are row K's (8M + i = j*SD + K) for channels j in [4H, 4H + 4), for all eight
+ * channels (odd SD: they lie in distinct lanes), and for channel set H of TC_SETS(SD):
+ * all eight for odd SD, else half H (j*SD + K mod 8 is then one-to-one within a half).
+ * Immediates: SD, K, M and H are literals. */
+#define TC_LJ(SD, K, M, J) ((((SD) * (J) + (K)) >> 3) == (M) ? 1 << (((SD) * (J) + (K)) & 7) : 0)
+#define TC_LANES4(SD, K, M, H) \
+    (TC_LJ(SD, K, M, 4 * (H)) | TC_LJ(SD, K, M, 4 * (H) + 1) | TC_LJ(SD, K, M, 4 * (H) + 2) | TC_LJ(SD, K, M, 4 * (H) + 3))
+#define TC_SETS(SD) ((SD) & 1 ? 1 : 2)
+#define TC_SET(SD, K, M, H) \
+    ((M) < (SD) && (K) < (SD) && (H) < TC_SETS(SD) ? ((SD) & 1 ? TC_LANES4(SD, K, M, 0) | TC_LANES4(SD, K, M, 1) : TC_LANES4(SD, K, M, H)) : 0)
+#define TC_MERGE(r, s, MASK) \
+    if (MASK) r = _mm256_blend_epi32(r, s, MASK);
+/* in: r <- block vectors v merged where row K's elements of channel set H lie */
+#define TC_SET_ROW(r, SD, K, H)                                                                                 \
+    r = v[0];                                                                                                  \
+    TC_MERGE(r, v[1], TC_SET(SD, K, 1, H)) TC_MERGE(r, v[2], TC_SET(SD, K, 2, H))                              \
+    TC_MERGE(r, v[3], TC_SET(SD, K, 3, H)) TC_MERGE(r, v[4], TC_SET(SD, K, 4, H))                              \
+    TC_MERGE(r, v[5], TC_SET(SD, K, 5, H)) TC_MERGE(r, v[6], TC_SET(SD, K, 6, H))
+/* row K: each set's merge permuted to channel order (two sets: lanes 0-3 from the first) */
+#define TC_MERGED_ROW(SD, K)                                                                                   \
+    if (K < R) {                                                                                               \
+        __m256i r0, r1;                                                                                        \
+        TC_SET_ROW(r0, SD, K, 0)                                                                               \
+        __m256i row = _mm256_permutevar8x32_epi32(r0, t->idx[K]);                                              \
+        if (TC_SETS(SD) == 2) {                                                                                \
+            TC_SET_ROW(r1, SD, K, 1)                                                                           \
+            row = _mm256_blend_epi32(row, _mm256_permutevar8x32_epi32(r1, t->idx[K]), 0xf0);                   \
+        }                                                                                                      \
+        _mm256_storeu_si256((__m256i *)(dst + K * bs), row);                                                   \
+    }
+#define TC_MERGED_IN(SD)                                                                                       \
+    do {                                                                                                       \
+        for (int m = 0; m < SD; m++) v[m] = _mm256_loadu_si256((const __m256i *)(src + 32 * m));               \
+        TC_MERGED_ROW(SD, 0) TC_MERGED_ROW(SD, 1) TC_MERGED_ROW(SD, 2) TC_MERGED_ROW(SD, 3)                    \
+        TC_MERGED_ROW(SD, 4) TC_MERGED_ROW(SD, 5) TC_MERGED_ROW(SD, 6)                                         \
+    } while (0)
+/* out: block vector M <- the rows permuted per channel set, p[k][h], merged where each
+ * row's elements of each set lie (rows from R on are zero, and their lanes not stored) */
+#define TC_MERGE_K(r, SD, K, M) TC_MERGE(r, p[K][0], K ? TC_SET(SD, K, M, 0) : 0) TC_MERGE(r, p[K][1], TC_SET(SD, K, M, 1))
+#define TC_MERGED_VEC(SD, M)                                                                                   \
+    if (M < SD) {                                                                                              \
+        __m256i r = p[0][0];                                                                                   \
+        TC_MERGE_K(r, SD, 0, M) TC_MERGE_K(r, SD, 1, M) TC_MERGE_K(r, SD, 2, M) TC_MERGE_K(r, SD, 3, M)        \
+        TC_MERGE_K(r, SD, 4, M) TC_MERGE_K(r, SD, 5, M) TC_MERGE_K(r, SD, 6, M)                                \
+        if (R == SD) _mm256_storeu_si256((__m256i *)(dst + 32 * M), r);                                        \
+        else _mm256_maskstore_epi32((int *)(dst + 32 * M), t->keep[M], r);                                     \
+    }
+#define TC_MERGED_OUT(SD)                                                                                      \
+    do {                                                                                                       \
+        for (int k = 0; k < SD; k++)                                                                           \
+            for (int h = 0; h < TC_SETS(SD); h++)                                                              \
+                p[k][h] = k < R ? _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(src + k * bs)), \
+                                                              t->inv[k][h])                                    \
+                                : _mm256_setzero_si256();                                                      \
+        TC_MERGED_VEC(SD, 0) TC_MERGED_VEC(SD, 1) TC_MERGED_VEC(SD, 2) TC_MERGED_VEC(SD, 3)                    \
+        TC_MERGED_VEC(SD, 4) TC_MERGED_VEC(SD, 5) TC_MERGED_VEC(SD, 6)                                         \
+    } while (0)
+
+/* fp32, sd = 4: rows k < R from the four 128-bit lanes' channels (a 4x4 transposition in
+ * lanes) and back; x4 holds channels (c, c + 4) (in) or (2c, 2c + 1) (out) */
+GDN_INLINE void tc_4x4(__m256 *y, const __m256 *x) {
+    const __m256 t0 = _mm256_shuffle_ps(x[0], x[1], 0x44), t1 = _mm256_shuffle_ps(x[2], x[3], 0x44);
+    const __m256 t2 = _mm256_shuffle_ps(x[0], x[1], 0xee), t3 = _mm256_shuffle_ps(x[2], x[3], 0xee);
+    y[0] = _mm256_shuffle_ps(t0, t1, 0x88);
+    y[1] = _mm256_shuffle_ps(t0, t1, 0xdd);
+    y[2] = _mm256_shuffle_ps(t2, t3, 0x88);
+    y[3] = _mm256_shuffle_ps(t2, t3, 0xdd);
+}
 
 /* lane i <- flat element idx_i of v[0..n-1] */
 GDN_INLINE __m256i tc_gather(const __m256i *v, const int n, __m256i idx) {
@@ -351,6 +442,23 @@ GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, cons
         for (int k = 0; k < R; k++) _mm256_storeu_si256((__m256i *)(dst + k * bs), tc_shuffle_or(v, sd, t->shuf[k]));
         return;
     }
+    switch (sd) {
+    case 2: TC_MERGED_IN(2); return;
+    case 3: TC_MERGED_IN(3); return;
+    case 5: TC_MERGED_IN(5); return;
+    case 6: TC_MERGED_IN(6); return;
+    case 7: TC_MERGED_IN(7); return;
+    case 4: {   /* lane l of x[c] <- channel c + 4 l; y[k] lane l <- channels 4 l .. 4 l + 3 of row k */
+        __m256 x[4], y[4];
+        for (int c = 0; c < 4; c++)
+            x[c] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps((const float *)(src + 16 * c))),
+                                        _mm_loadu_ps((const float *)(src + 16 * (c + 4))), 1);
+        tc_4x4(y, x);
+        for (int k = 0; k < R; k++) _mm256_storeu_ps((float *)(dst + k * bs), y[k]);
+        return;
+    }
+    default: break;
+    }
 #pragma GCC unroll 8
     for (int m = 0; m < sd; m++) v[m] = _mm256_loadu_si256((const __m256i *)(src + 32 * m));
 #pragma GCC unroll 8
@@ -370,6 +478,28 @@ GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, in
             _mm_storeu_si128((__m128i *)(dst + 16 * (sd + m)), _mm256_extracti128_si256(r, 1));
         }
         return;
+    }
+    __m256i p[GDN_MAX_WIDTH][2];
+    switch (sd) {
+    case 2: TC_MERGED_OUT(2); return;
+    case 3: TC_MERGED_OUT(3); return;
+    case 5: TC_MERGED_OUT(5); return;
+    case 6: TC_MERGED_OUT(6); return;
+    case 7: TC_MERGED_OUT(7); return;
+    case 4: {   /* rows in channel order (0 2 4 6 1 3 5 7): y[c] lane l <- channel 2c + l's 4 rows */
+        const __m256i evens = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
+        __m256 x[4], y[4];
+        for (int k = 0; k < 4; k++)
+            x[k] = k < R ? _mm256_permutevar8x32_ps(_mm256_loadu_ps((const float *)(src + k * bs)), evens)
+                         : _mm256_setzero_ps();
+        tc_4x4(y, x);
+        for (int c = 0; c < 4; c++) {
+            if (R == 4) _mm256_storeu_ps((float *)(dst + 32 * c), y[c]);
+            else _mm256_maskstore_ps((float *)(dst + 32 * c), t->keep[c], y[c]);
+        }
+        return;
+    }
+    default: break;
     }
 #pragma GCC unroll 8
     for (int k = 0; k < sd; k++) v[k] = k < R ? _mm256_loadu_si256((const __m256i *)(src + k * bs)) : _mm256_setzero_si256();

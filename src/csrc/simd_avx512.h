@@ -407,8 +407,9 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
     }
 }
 
-/* Short decode of a 16-bit time-contiguous state, read and rolled in place
- * (update_simd.h's tc_t1_unit), a group of 32 channels at a time: its block (element
+/* Short decode of a time-contiguous state, read and rolled in place (update_simd.h's
+ * tc_t1_unit), a group of 32 channels at a time (fp32: tc_t1_row32 / tc_t1_roll32 below,
+ * two halves of 16 channels). 16-bit: its block (element
  * (k, j) at j*sd + k) is sd <= TC_T1_MAX_SD vectors. Row k of the group's half h (16
  * channels) is one two-source word permute of block vectors a = h*sd/2 and a + 1 where
  * sd <= 4 (16 channels span at most two), and two, of vectors a, a + 1 and a + 2, a + 3,
@@ -429,6 +430,8 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
 typedef struct {
     __m512i row[TC_T1_MAX_SD][2];     /* row k, half h: lane (word) <- pair element */
     uint32_t first[TC_T1_MAX_SD][2];  /* sd > 4: lanes (words) of row k, half h from vectors a, a + 1 */
+    __m512i idx32[TC_T1_MAX_SD];      /* fp32, row k of a half: lane j <- element j*sd + k */
+    uint32_t pick32[TC_T1_MAX_SD][TC_T1_MAX_SD / 2];   /* fp32, row k: lanes from the half's vector pair q */
     __m512i old, tok[TC_T1_MAX_SD];   /* old: lane i <- lane i + 1 (the last vector's successors) */
     uint32_t from_tok[TC_T1_MAX_SD][TC_T1_MAX_T];      /* [m][t]: lanes of row H-1+t */
     uint32_t keep[TC_T1_MAX_SD][TC_T1_MAX_T + 1];      /* [m][T]: lanes of rows < H-1+T */
@@ -438,6 +441,25 @@ typedef struct {
 /* (rows: the window rows read, from row 0; nt: the token counts rolled, from 1) */
 GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const int L, const int dt, const int rows,
                                 const int nt) {
+    if (dt == GDN_F32) {   /* the block vectors of a half as tc_plan_in's, the roll as below with dword lanes */
+        for (int k = 0; k < rows; k++) {
+            t->idx32[k] = tc_add(tc_mul(tc_iota(4), tc_set(sd, 4), 4), tc_set(k, 4), 4);
+            for (int q = 0; 2 * q < sd; q++) t->pick32[k][q] = tc_eq(tc_pair(t->idx32[k], 4), q, 4);
+        }
+        t->old = _mm512_add_epi32(tc_iota(4), _mm512_set1_epi32(1));
+        for (int m = 0; m < sd; m++) {
+            __m512i k, j;
+            tc_block_kj(m, sd, 4, &k, &j);
+            t->tok[m] = j;
+            t->keep[m][0] = tc_rows(k, 0, H - 1, 4);
+            for (int q = 0; q < nt; q++) {
+                t->from_tok[m][q] = tc_eq(k, H - 1 + q, 4);
+                t->keep[m][q + 1] = t->keep[m][q] | t->from_tok[m][q];
+            }
+        }
+        t->last = 0xffffu >> (sd - L);
+        return;
+    }
     const __m512i iota = tc_iota(2);
     /* bf16: dword i's high word is channel 16h + i; fp16: word i (lanes from 16: any) */
     const __m512i ch = dt == GDN_F16 ? _mm512_and_si512(iota, _mm512_set1_epi16(15)) : _mm512_srli_epi16(iota, 1);
@@ -480,6 +502,30 @@ GDN_INLINE V tc_t1_row(const __m512i *sv, const tc_t1_plan *t, const int k, cons
     }
     return _mm512_castsi512_ps(_mm512_or_si512(_mm512_maskz_permutex2var_epi16(0xaaaaaaaau & f, sv[a], t->row[k][h], sv[b]),
                                                _mm512_maskz_permutex2var_epi16(0xaaaaaaaau & ~f, sv[c], t->row[k][h], sv[d])));
+}
+
+/* fp32: row k of a half's block vectors sv (sd of them), as tc_gather's dword gather */
+GDN_INLINE V tc_t1_row32(const __m512i *sv, const tc_t1_plan *t, const int k, const int sd) {
+    __m512i r = _mm512_permutex2var_epi32(sv[0], t->idx32[k], sv[1 < sd ? 1 : 0]);
+#pragma GCC unroll 4
+    for (int q = 1; 2 * q < sd; q++) r = tc_pick(r, t->pick32[k][q], sv[2 * q], t->idx32[k], sv[2 * q + 1 < sd ? 2 * q + 1 : 2 * q], 4);
+    return _mm512_castsi512_ps(r);
+}
+
+/* fp32: the roll of a group's 2 sd block vectors sv (at blk; half h's are sv[h*sd..]) by
+ * shift = off + 1 with the T tokens' halves tok[2t + h], as tc_t1_roll's with dword lanes */
+GDN_INLINE void tc_t1_roll32(char *blk, const __m512i *sv, const __m512i *tok, const int T, const int off,
+                             const tc_t1_plan *t, const int sd) {
+#pragma GCC unroll 16
+    for (int m = 0; m < 2 * sd; m++) {
+        const int h = m >= sd, a = m - h * sd;
+        __m512i r = m + 1 < 2 * sd ? _mm512_loadu_si512(blk + 64 * m + 4 + 4 * off)
+                                   : _mm512_permutexvar_epi32(_mm512_add_epi32(t->old, _mm512_set1_epi32(off)), sv[m]);
+#pragma GCC unroll 4
+        for (int q = 0; q < T; q++)
+            r = _mm512_mask_mov_epi32(r, (__mmask16)t->from_tok[a][q], _mm512_permutexvar_epi32(t->tok[a], tok[2 * q + h]));
+        _mm512_mask_storeu_epi32(blk + 64 * m, (__mmask16)t->keep[a][T], r);
+    }
 }
 
 /* the roll of a group's block vectors sv (at blk) by shift = off + 1 with the T tokens' words tok */

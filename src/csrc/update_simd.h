@@ -374,13 +374,13 @@ GDN_INLINE void sd_direct(const gdn_update_params *p, const gdn_request *r, int6
 #endif
 
 #ifdef TC_T1
-/* Short decode of a 16-bit time-contiguous state with channel stride sd <= TC_T1_MAX_SD
+/* Short decode of a time-contiguous state with channel stride sd <= TC_T1_SD_MAX(dt)
  * (vLLM's DS layout: plain decode of one token, speculative decode of up to TC_T1_MAX_T
- * tokens), 32 channels (one group of the ISA header's tc_t1_row and
- * tc_t1_roll) at channel c of the block at st (row 0), the T tokens at x (rows xt bytes
- * apart), the outputs to os (ot apart), nothing staged. The window (rows off..off+W-2)
- * and the tokens are read, and the state rolled, before the outputs are written (out may
- * be x); the outputs are simd_token_groups' on the same fp32 values, so they equal the
+ * tokens), 32 channels (one group of the ISA header's tc_t1_row and tc_t1_roll; fp32:
+ * two halves of 16, tc_t1_row32 and tc_t1_roll32) at channel c of the block at st (row
+ * 0), the T tokens at x (rows xt bytes apart), the outputs to os (ot apart), nothing
+ * staged. The window (rows off..off+W-2) and the tokens are read, and the state rolled,
+ * before the outputs are written (out may be x); the outputs are simd_token_groups' on the same fp32 values, so they equal the
  * staged path's bit for bit. (Two groups a step, as the staged path's one-token steps
  * take, measured 1.15x slower: the registers do not hold them.) */
 GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, char *os, int64_t ot, const int T,
@@ -388,10 +388,31 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
                            const int dt, const int W, const int silu, const int WP) {
     const int H = W - 1;
     V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
-    simd_prefetch_step(nx, c * 2, 64);
+    const int e = gdn_elsize(dt);
+    simd_prefetch_step(nx, c * e, 32 * e);
 #pragma GCC unroll 2
     for (int v = 0; v < 2; v++) simd_taps(wt, c + v * LANES, w, b, v, W, WP);
-    char *blk = st + 2 * c * sd;
+    char *blk = st + e * c * sd;
+    if (e == 4) {   /* fp32: two halves of 16 channels, each its own sd block vectors */
+        __asm__("" : "+r"(t));
+        __m512i sv[2 * TC_T1_MAX_SD], tok[2 * TC_T1_MAX_T];
+#pragma GCC unroll 16
+        for (int m = 0; m < 2 * sd - 1; m++) sv[m] = _mm512_loadu_si512(blk + 64 * m);
+        sv[2 * sd - 1] = _mm512_maskz_loadu_epi32((__mmask16)t->last, blk + 64 * (2 * sd - 1));
+#pragma GCC unroll 8
+        for (int k = 0; k < H; k++) {
+            hf[k][0] = tc_t1_row32(sv, t, off + k, sd);
+            hf[k][1] = tc_t1_row32(sv + sd, t, off + k, sd);
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < T; q++) {
+            tok[2 * q] = _mm512_loadu_si512(x + q * xt + 4 * c);
+            tok[2 * q + 1] = _mm512_loadu_si512(x + q * xt + 4 * c + 64);
+        }
+        tc_t1_roll32(blk, sv, tok, T, off, t, sd);
+        simd_token_groups(x + 4 * c, xt, os + 4 * c, ot, T, w, b, hf, 2, dt, W, silu);
+        return;
+    }
     /* bf16: the plan's vectors loaded where used, not held in registers across steps
      * (the compiler spilled the token routine's vectors instead: ds/sd 1.25 -> 1.14);
      * fp16, whose conversion takes registers of its own, ran 1.20 -> 1.25 that way */
@@ -416,24 +437,29 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
  * and W - 2 + T <= state_len, and state_len <= sd */
 #define TC_T1_TAKES(spec, T) ((spec) ? (T) <= TC_T1_MAX_T : (T) == 1)
 #define TC_T1_MAX_W 5
-/* The 16-bit dtype codes this file's kernel passes to simd_unit, which tc_t1_unit is
+/* The dtype codes this file's kernel passes to simd_unit, which tc_t1_unit is
  * instantiated for: with GDN_SIMD_BF16_NATIVE (update_avx512bf16.c, whose kernel takes
- * bf16 calls only) GDN_BF16_NATIVE, else GDN_F16 and GDN_BF16. Each instantiation is
+ * bf16 calls only) GDN_BF16_NATIVE, else GDN_F16, GDN_BF16 and GDN_F32. Each instantiation is
  * ~200 kB of code (dtype x width x activation x mode x channel stride x tokens): the one
  * never called took update_avx512.c's compile from 187 to 334 s. */
 #ifdef GDN_SIMD_BF16_NATIVE
 #define TC_T1_DTYPE(dt) ((dt) == GDN_BF16_NATIVE)
 #else
-#define TC_T1_DTYPE(dt) ((dt) == GDN_F16 || (dt) == GDN_BF16)
+#define TC_T1_DTYPE(dt) ((dt) == GDN_F16 || (dt) == GDN_BF16 || (dt) == GDN_F32)
 #endif
+/* The channel strides tc_t1_unit takes: fp32 up to 4 (vLLM's DS layout at W <= 5 in plain
+ * decode, transformers' view at W <= 4; 2 sd block vectors a group), 16-bit all. The fp32
+ * instantiation takes update_avx512.c's compile from 2.9 to 4.3 minutes on the 2-core VM;
+ * at every sd it took 7.7. */
+#define TC_T1_SD_MAX(dt) ((dt) == GDN_F32 ? 4 : TC_T1_MAX_SD)
 
 /* The unit's requests that TC_T1_TAKES (the others: simd_unit), for constant dtype,
  * width, activation and mode. */
 GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r1, int64_t c0, int64_t nline,
                                const simd_weights *wt, const int dt, const int W, const int silu, const int WP,
                                const int spec) {
-    const int sd = (int)p->state_stride_d;
-    const int64_t xt = p->x_stride_t * 2, ot = p->out_stride_t * 2;
+    const int sd = (int)p->state_stride_d, e = gdn_elsize(dt);
+    const int64_t xt = p->x_stride_t * e, ot = p->out_stride_t * e;
     tc_t1_plan t;
     tc_t1_plan_make(&t, sd, W - 1, (int)p->state_len, dt, spec ? sd : W - 1, spec ? TC_T1_MAX_T : 1);
     for (int64_t i = r0; i < r1; i++) {
@@ -441,9 +467,9 @@ GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r
         if (r.skip || !TC_T1_TAKES(spec, r.T)) continue;
         simd_next nx;
         simd_next_rows(p, i, c0, &nx);
-        char *st = r.state + 2 * c0 * sd;
-        const char *x = r.x + 2 * c0;
-        char *os = r.out + 2 * c0;
+        char *st = r.state + e * c0 * sd;
+        const char *x = r.x + e * c0;
+        char *os = r.out + e * c0;
         const int off = spec ? (int)r.off : 0;
         int64_t c = 0;
         /* (instantiated where the block holds the rows: W - 1 <= sd, W - 2 + T <= sd) */
@@ -453,7 +479,7 @@ GDN_INLINE void tc_t1_requests(const gdn_update_params *p, int64_t r0, int64_t r
             for (; c < nline; c += 32) tc_t1_step(st, SD, x, xt, os, ot, T, off, c, wt, &nx, &t, dt, W, silu, WP); \
     } while (0)
 #define TC_T1_SD(SD)                            \
-    if (W - 1 > SD) break;                      \
+    if (W - 1 > SD || SD > TC_T1_SD_MAX(dt)) break; \
     if (!spec) TC_T1_T(SD, 1);                  \
     else switch (r.T) {                         \
         case 1: TC_T1_T(SD, 1); break;          \
@@ -485,7 +511,7 @@ static GDN_NOINLINE void tc_t1_unit(const gdn_update_params *p, int64_t r0, int6
     case 2: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 2, S, 0, SP); break;                       \
     case 3: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 3, S, 0, SP); break;                       \
     case 4:                                                                                         \
-        if (DT != GDN_F16 && wt->packed) tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 4, S, 1, SP); \
+        if (DT != GDN_F16 && DT != GDN_F32 && wt->packed) tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 4, S, 1, SP); \
         else tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 4, S, 0, SP);                             \
         break;                                                                                      \
     default: tc_t1_requests(p, r0, r1, c0, nline, wt, DT, 5, S, 0, SP); break;                      \
@@ -496,6 +522,7 @@ static GDN_NOINLINE void tc_t1_unit(const gdn_update_params *p, int64_t r0, int6
 #define TC_T1_DT(S, SP)                                                                             \
     switch (dt) {                                                                                   \
     case GDN_F16: TC_T1_W(GDN_F16, S, SP) break;                                                    \
+    case GDN_F32: TC_T1_W(GDN_F32, S, SP) break;                                                    \
     default: TC_T1_W(GDN_BF16, S, SP) break;                    /* (TC_T1_DTYPE: GDN_BF16) */       \
     }
 #endif
@@ -539,8 +566,12 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     const int spec = p->num_accepted_tokens != NULL;
     GDN_ALIGN64 char buf[(GDN_MAX_WIDTH - 1 + GDN_SLAB) * GDN_BLOCK_CHANNELS * 4];
 #ifdef TC_T1
-    /* short decode of a 16-bit time-contiguous state: in place (tc_t1_unit) */
-    const int t1 = TC_T1_DTYPE(dt) && sd > 1 && sd <= TC_T1_MAX_SD && H <= sd && W <= TC_T1_MAX_W && nline > 0;
+    /* short decode of a time-contiguous state: in place (tc_t1_unit), in groups of 32
+     * channels, so where the line steps are (fp32 lines are 16 channels: a unit whose line
+     * steps end half way through a group is staged whole, as the channels past a group
+     * would otherwise take the element loops, whose results differ in the last bits) */
+    const int t1 = TC_T1_DTYPE(dt) && sd > 1 && sd <= TC_T1_SD_MAX(dt) && H <= sd && W <= TC_T1_MAX_W &&
+                   nline > 0 && nline % 32 == 0;
     if (t1) tc_t1_unit(p, r0, r1, c0, nline, wt, dt, silu, spec);
 #endif
     for (int64_t i = r0; i < r1; i++) {
