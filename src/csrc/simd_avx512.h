@@ -441,48 +441,37 @@ typedef struct {
 /* (rows: the window rows read, from row 0; nt: the token counts rolled, from 1) */
 GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const int L, const int dt, const int rows,
                                 const int nt) {
-    if (dt == GDN_F32) {   /* the block vectors of a half as tc_plan_in's, the roll as below with dword lanes */
+    const int e = dt == GDN_F32 ? 4 : 2;
+    if (e == 4) {   /* the rows of a half's block vectors as tc_plan_in's */
         for (int k = 0; k < rows; k++) {
             t->idx32[k] = tc_add(tc_mul(tc_iota(4), tc_set(sd, 4), 4), tc_set(k, 4), 4);
             for (int q = 0; 2 * q < sd; q++) t->pick32[k][q] = tc_eq(tc_pair(t->idx32[k], 4), q, 4);
         }
-        t->old = _mm512_add_epi32(tc_iota(4), _mm512_set1_epi32(1));
-        for (int m = 0; m < sd; m++) {
-            __m512i k, j;
-            tc_block_kj(m, sd, 4, &k, &j);
-            t->tok[m] = j;
-            t->keep[m][0] = tc_rows(k, 0, H - 1, 4);
-            for (int q = 0; q < nt; q++) {
-                t->from_tok[m][q] = tc_eq(k, H - 1 + q, 4);
-                t->keep[m][q + 1] = t->keep[m][q] | t->from_tok[m][q];
+    } else {
+        const __m512i iota = tc_iota(2);
+        /* bf16: dword i's high word is channel 16h + i; fp16: word i (lanes from 16: any) */
+        const __m512i ch = dt == GDN_F16 ? _mm512_and_si512(iota, _mm512_set1_epi16(15)) : _mm512_srli_epi16(iota, 1);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < rows; k++) {
+                t->row[k][h] = _mm512_add_epi16(_mm512_mullo_epi16(ch, _mm512_set1_epi16((short)sd)),
+                                                _mm512_set1_epi16((short)(16 * h * sd + k - 32 * (h * sd / 2))));
+                if (sd > 4) t->first[k][h] = (uint32_t)_mm512_cmplt_epu16_mask(t->row[k][h], _mm512_set1_epi16(64));
             }
-        }
-        t->last = 0xffffu >> (sd - L);
-        return;
     }
-    const __m512i iota = tc_iota(2);
-    /* bf16: dword i's high word is channel 16h + i; fp16: word i (lanes from 16: any) */
-    const __m512i ch = dt == GDN_F16 ? _mm512_and_si512(iota, _mm512_set1_epi16(15)) : _mm512_srli_epi16(iota, 1);
-    for (int h = 0; h < 2; h++)
-        for (int k = 0; k < rows; k++) {
-            t->row[k][h] = _mm512_add_epi16(_mm512_mullo_epi16(ch, _mm512_set1_epi16((short)sd)),
-                                            _mm512_set1_epi16((short)(16 * h * sd + k - 32 * (h * sd / 2))));
-            if (sd > 4) t->first[k][h] = (uint32_t)_mm512_cmplt_epu16_mask(t->row[k][h], _mm512_set1_epi16(64));
-        }
-    t->old = _mm512_add_epi16(iota, _mm512_set1_epi16(1));
-    for (int m = 0; m < sd; m++) {
+    t->old = tc_add(tc_iota(e), tc_set(1, e), e);
+    for (int m = 0; m < sd; m++) {   /* (fp32: the same for both halves' block vectors) */
         __m512i k, j;
-        tc_block_kj(m, sd, 2, &k, &j);
+        tc_block_kj(m, sd, e, &k, &j);
         t->tok[m] = j;
-        t->keep[m][0] = tc_rows(k, 0, H - 1, 2);
+        t->keep[m][0] = tc_rows(k, 0, H - 1, e);
         for (int q = 0; q < nt; q++) {
-            t->from_tok[m][q] = tc_eq(k, H - 1 + q, 2);
+            t->from_tok[m][q] = tc_eq(k, H - 1 + q, e);
             t->keep[m][q + 1] = t->keep[m][q] | t->from_tok[m][q];
         }
     }
     /* the block ends sd - L elements after the last channel's row L-1, which may be the
      * array's last element: those lanes are not read */
-    t->last = 0xffffffffu >> (sd - L);
+    t->last = (e == 2 ? 0xffffffffu : 0xffffu) >> (sd - L);
 }
 
 /* row k of half h of a group's block vectors sv, as fp32 */
