@@ -334,9 +334,9 @@ GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) 
         const __m256i d = _mm256_sub_epi32(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(k));
         if (sd & 1) t->inv[k][0] = _mm256_mullo_epi32(d, _mm256_set1_epi32(sd));
         for (int h = 0; h < 2 && !(sd & 1); h++)
-            t->inv[k][h] = _mm256_add_epi32(_mm256_set1_epi32(4 * h),
-                                            _mm256_and_si256(_mm256_mullo_epi32(_mm256_srai_epi32(d, 1), _mm256_set1_epi32(sd / 2)),
-                                                             _mm256_set1_epi32(3)));
+            t->inv[k][h] = _mm256_add_epi32(
+                _mm256_set1_epi32(4 * h),
+                _mm256_and_si256(_mm256_mullo_epi32(_mm256_srai_epi32(d, 1), _mm256_set1_epi32(sd / 2)), _mm256_set1_epi32(3)));
     }
 }
 
@@ -351,8 +351,10 @@ GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { return e == 4
 #define TC_LANES4(SD, K, M, H) \
     (TC_LJ(SD, K, M, 4 * (H)) | TC_LJ(SD, K, M, 4 * (H) + 1) | TC_LJ(SD, K, M, 4 * (H) + 2) | TC_LJ(SD, K, M, 4 * (H) + 3))
 #define TC_SETS(SD) ((SD) & 1 ? 1 : 2)
-#define TC_SET(SD, K, M, H) \
-    ((M) < (SD) && (K) < (SD) && (H) < TC_SETS(SD) ? ((SD) & 1 ? TC_LANES4(SD, K, M, 0) | TC_LANES4(SD, K, M, 1) : TC_LANES4(SD, K, M, H)) : 0)
+#define TC_SET(SD, K, M, H)                                                                   \
+    ((M) < (SD) && (K) < (SD) && (H) < TC_SETS(SD)                                            \
+         ? ((SD) & 1 ? TC_LANES4(SD, K, M, 0) | TC_LANES4(SD, K, M, 1) : TC_LANES4(SD, K, M, H)) \
+         : 0)
 #define TC_MERGE(r, s, MASK) \
     if (MASK) r = _mm256_blend_epi32(r, s, MASK);
 /* in: r <- block vectors v merged where row K's elements of channel set H lie */

@@ -380,9 +380,10 @@ GDN_INLINE void sd_direct(const gdn_update_params *p, const gdn_request *r, int6
  * two halves of 16, tc_t1_row32 and tc_t1_roll32) at channel c of the block at st (row
  * 0), the T tokens at x (rows xt bytes apart), the outputs to os (ot apart), nothing
  * staged. The window (rows off..off+W-2) and the tokens are read, and the state rolled,
- * before the outputs are written (out may be x); the outputs are simd_token_groups' on the same fp32 values, so they equal the
- * staged path's bit for bit. (Two groups a step, as the staged path's one-token steps
- * take, measured 1.15x slower: the registers do not hold them.) */
+ * before the outputs are written (out may be x); the outputs are simd_token_groups' on
+ * the same fp32 values, so they equal the staged path's bit for bit. (Two groups a step,
+ * as the staged path's one-token steps take, measured 1.15x slower: the registers do not
+ * hold them.) */
 GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, char *os, int64_t ot, const int T,
                            const int off, int64_t c, const simd_weights *wt, const simd_next *nx, const tc_t1_plan *t,
                            const int dt, const int W, const int silu, const int WP) {
@@ -439,8 +440,8 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
 #define TC_T1_MAX_W 5
 /* The dtype codes this file's kernel passes to simd_unit, which tc_t1_unit is
  * instantiated for: with GDN_SIMD_BF16_NATIVE (update_avx512bf16.c, whose kernel takes
- * bf16 calls only) GDN_BF16_NATIVE, else GDN_F16, GDN_BF16 and GDN_F32. Each instantiation is
- * ~200 kB of code (dtype x width x activation x mode x channel stride x tokens): the one
+ * bf16 calls only) GDN_BF16_NATIVE, else GDN_F16, GDN_BF16 and GDN_F32. Each
+ * instantiation is ~200 kB of code (dtype x width x activation x mode x channel stride x tokens): the one
  * never called took update_avx512.c's compile from 187 to 334 s. */
 #ifdef GDN_SIMD_BF16_NATIVE
 #define TC_T1_DTYPE(dt) ((dt) == GDN_BF16_NATIVE)
@@ -567,9 +568,9 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     GDN_ALIGN64 char buf[(GDN_MAX_WIDTH - 1 + GDN_SLAB) * GDN_BLOCK_CHANNELS * 4];
 #ifdef TC_T1
     /* short decode of a time-contiguous state: in place (tc_t1_unit), in groups of 32
-     * channels, so where the line steps are (fp32 lines are 16 channels: a unit whose line
-     * steps end half way through a group is staged whole, as the channels past a group
-     * would otherwise take the element loops, whose results differ in the last bits) */
+     * channels. fp32 line steps are 16 channels: a unit whose line steps end half way
+     * through a group is staged whole (its channels past the last group would otherwise
+     * take the element loops, whose results differ from the SIMD ones in the last bits) */
     const int t1 = TC_T1_DTYPE(dt) && sd > 1 && sd <= TC_T1_SD_MAX(dt) && H <= sd && W <= TC_T1_MAX_W &&
                    nline > 0 && nline % 32 == 0;
     if (t1) tc_t1_unit(p, r0, r1, c0, nline, wt, dt, silu, spec);
