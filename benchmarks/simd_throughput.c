@@ -19,7 +19,9 @@
  * On a 2-core Xeon model 167 (stop 49, default clock): vpermw, vpermb (AVX512-VBMI, merge-
  * masked or not) and vpermt2d 1.03 each, vpermt2w and vpermt2b 2.05; paired with an FMA,
  * vpermb + fma 0.54 (apart: one uop, port 5) against vpermw + fma 0.82 (a second uop shares
- * the FMA's port). */
+ * the FMA's port). The same Xeon (stop 50): ymm vpermps and vblendvps ~1 cycle each, vblendps
+ * with an immediate ~1/3, vshufps ~1/2: AVX2's fp32 time-contiguous transposition merges by
+ * immediates (simd_avx2.h). */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,11 +72,19 @@ static double ghz = 3.65;
 #define Z_DP(x) _mm512_dpbf16_ps(x, (__m512bh)_mm512_castps_si512(k), (__m512bh)_mm512_castps_si512(k))
 #define Y_FMA(x) _mm256_fmadd_ps(x, k, k)
 #define Y_ADD(x) _mm256_add_ps(x, k)
+#define Y_PERM(x) _mm256_permutevar8x32_ps(x, _mm256_castps_si256(k))
+#define Y_BLENDV(x) _mm256_blendv_ps(k, x, x)   /* (the mask from the chain: not a constant) */
+#define Y_BLENDI(x) _mm256_blend_ps(x, k, 0x5a)
+#define Y_SHUF(x) _mm256_shuffle_ps(x, k, 0x4e)
 
 int main(int argc, char **argv) {
     if (argc > 1) ghz = atof(argv[1]);
     BENCH(__m256, _mm256_set1_ps, "ymm fma", Y_FMA, Y_FMA)
     BENCH(__m256, _mm256_set1_ps, "ymm add", Y_ADD, Y_ADD)
+    BENCH(__m256, _mm256_set1_ps, "ymm vpermps", Y_PERM, Y_PERM)
+    BENCH(__m256, _mm256_set1_ps, "ymm vblendvps", Y_BLENDV, Y_BLENDV)
+    BENCH(__m256, _mm256_set1_ps, "ymm vblendps immediate", Y_BLENDI, Y_BLENDI)
+    BENCH(__m256, _mm256_set1_ps, "ymm vshufps", Y_SHUF, Y_SHUF)
     BENCH(__m512, _mm512_set1_ps, "zmm fma", Z_FMA, Z_FMA)
     BENCH(__m512, _mm512_set1_ps, "zmm add", Z_ADD, Z_ADD)
     BENCH(__m512, _mm512_set1_ps, "zmm fma + add", Z_FMA, Z_ADD)
