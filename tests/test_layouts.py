@@ -14,7 +14,7 @@ import gdnconv
 from gdnconv.testing import assert_bits_equal, assert_outputs_close, bits
 
 # layout -> (extra columns before, after the L time columns of each channel)
-LAYOUTS = {"ds": (0, 0), "hf": (1, 0), "pad": (2, 3), "wide": (0, 9)}
+LAYOUTS = {"ds": (0, 0), "hf": (1, 0), "tail": (0, 1), "pad": (2, 3), "wide": (0, 9)}
 
 
 def time_contiguous(values, layout):
@@ -141,17 +141,20 @@ def test_short_speculative_decode(isa, rng, dtype, W, T, extra):
     check_every_layout(isa, x, values, w, b, kw)
 
 
-def _ending_at_a_page(shape, dtype):
+def _by_a_guard_page(shape, dtype, side="end"):
     """A writable array of ``shape`` whose memory ends where a page that cannot be read
-    begins, so a read past its last element faults (POSIX)."""
+    begins (``side="end"``), or begins where such a page ends (``"start"``), so an access
+    past its last element, or before its first, faults (POSIX)."""
     import ctypes
     import mmap
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     pages = -(-nbytes // mmap.PAGESIZE) + 1
     buf = mmap.mmap(-1, pages * mmap.PAGESIZE)
-    guard = ctypes.addressof(ctypes.c_char.from_buffer(buf)) + (pages - 1) * mmap.PAGESIZE
+    at = (pages - 1) * mmap.PAGESIZE if side == "end" else 0
+    guard = ctypes.addressof(ctypes.c_char.from_buffer(buf)) + at
     assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(guard), mmap.PAGESIZE, 0) == 0, "mprotect failed"
-    return np.frombuffer(buf, np.uint8, nbytes, (pages - 1) * mmap.PAGESIZE - nbytes).view(dtype).reshape(shape)
+    offset = (pages - 1) * mmap.PAGESIZE - nbytes if side == "end" else mmap.PAGESIZE
+    return np.frombuffer(buf, np.uint8, nbytes, offset).view(dtype).reshape(shape)
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="the guard page needs POSIX mprotect, which Windows lacks")
@@ -176,7 +179,7 @@ def test_short_decode_tails_array_end_and_out_is_x(isa, rng, dtype, D, layout, m
     st_sd = values.copy()
     out_sd = gdnconv.conv_update_multi(x, st_sd, w, b, **kw)
     mem, _ = time_contiguous(values, layout)
-    end = _ending_at_a_page(mem.shape, mem.dtype)
+    end = _by_a_guard_page(mem.shape, mem.dtype)
     end[...] = mem
     before = LAYOUTS[layout][0]
     st = end[..., before:before + L].transpose(0, 2, 1)
@@ -187,6 +190,30 @@ def test_short_decode_tails_array_end_and_out_is_x(isa, rng, dtype, D, layout, m
     assert np.array_equal(bits(out)[rows], bits(out_sd)[rows]), f"{layout}: out differs from the channel-contiguous call"
     assert_bits_equal(np.ascontiguousarray(st), st_sd, f"{layout} conv_state")
     assert np.array_equal(bits(end)[..., :before], bits(mem)[..., :before]), "wrote outside the view"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the guard page needs POSIX mprotect, which Windows lacks")
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("D", [32, 33, 300])
+@pytest.mark.parametrize("W, mode, T", [(2, "plain", 1), (3, "plain", 1), (4, "plain", 1), (4, "spec", 3),
+                                        (5, "plain", 1), (3, "spec", 5)])
+def test_gapped_state_starts_at_a_page(isa, rng, dtype, D, W, mode, T):
+    """A time-contiguous state with a gap column after each channel's rows (channel
+    stride L + 1) whose memory begins where a page that faults when touched ends: the
+    transposed rows' stores (AVX2 16-bit: dword-masked, from each chunk and from 2 bytes
+    before it) touch nothing before the state's first element and write no gap."""
+    x, values, w, b, kw = make(rng, dtype, W, D, mode, T=T)
+    L = values.shape[1]
+    st_sd = values.copy()
+    out_sd = gdnconv.conv_update_multi(x, st_sd, w, b, **kw)
+    mem, _ = time_contiguous(values, "tail")
+    start = _by_a_guard_page(mem.shape, mem.dtype, "start")
+    start[...] = mem
+    st = start[..., :L].transpose(0, 2, 1)
+    out = gdnconv.conv_update_multi(x, st, w, b, **kw)
+    assert np.array_equal(bits(out), bits(out_sd)), "out differs from the channel-contiguous call"
+    assert_bits_equal(np.ascontiguousarray(st), st_sd, "conv_state")
+    assert np.array_equal(bits(start)[..., L:], bits(mem)[..., L:]), "wrote a gap"
 
 
 def test_transformers_cache_view(isa, rng):

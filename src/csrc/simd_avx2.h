@@ -267,9 +267,13 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
  * within lanes) of chunk m, whose indices pick row k's words from that chunk and zero the
  * rest; out, block chunk m of both halves is the OR over k of one byte shuffle of row k
  * (16 words: a half per lane). R sd shuffles per 16 channels each way, where the dword
- * gathers took 3 R sd operations per 8 channels. AVX2 has no 16-bit masked store: 16-bit
- * rows go back by vectors only when the block has no gaps (sd == R), by the element loop
- * otherwise. */
+ * gathers took 3 R sd operations per 8 channels. AVX2 has no 16-bit masked store: where
+ * the block has gaps (R < sd: transformers' view, padding), each chunk goes by two
+ * dword-masked stores, of its dwords whose two words are both written and of the same
+ * from 2 bytes before (the chunk shifted a word up, the previous chunk's word 7 its word
+ * 0), so every written word (at R >= 2 each has a written neighbour) is stored once or
+ * twice with its value and nothing outside the rows is written; R = 1 keeps the element
+ * loop. */
 #define TC_LINE(e) ((e) == 2 ? 16 : 8)
 
 typedef struct {
@@ -281,6 +285,10 @@ typedef struct {
      * (0x80: zero); the same 16 indices in both lanes; built with vector operations (byte by
      * byte, building it took half of tc_load's and tc_save's time) */
     __m256i shuf[GDN_MAX_WIDTH][GDN_MAX_WIDTH];
+    /* 16-bit out, 2 <= R < sd: chunk m's dwords (vpmaskmovd lanes) whose two words are both
+     * written, on grid g: words (2d, 2d + 1) of the chunk (g = 0), or the chunk shifted a
+     * word up, its words (2d - 1, 2d) (g = 1) */
+    __m128i pairs[2][GDN_MAX_WIDTH];
 } tc_plan;
 
 /* 16-bit plans: the shuffle taking word pos (per 16-bit lane; 0..7) where take, zero elsewhere */
@@ -309,14 +317,22 @@ GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
 
 /* j = p / sd for p < 64, 2 <= sd <= 8: (p * ceil(2^16 / sd)) >> 16 is exact there */
 GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) {
-    if (e == 2) {   /* (sd == R: tc_out_ok) chunk m's word w is element 8m + w: row % sd, channel / sd */
+    if (e == 2) {   /* chunk m's word w is element 8m + w: row % sd, channel / sd */
         const __m256i magic16 = _mm256_set1_epi16((short)((65536 + sd - 1) / sd));
+        __m128i prev = _mm_setzero_si128();   /* chunk m - 1's words written (none before the block) */
         for (int m = 0; m < sd; m++) {
             const __m256i el = _mm256_add_epi16(tc_lane_words(), _mm256_set1_epi16((short)(8 * m)));
             const __m256i ch = _mm256_mulhi_epu16(el, magic16);   /* (el < 64: exact, as said above) */
             const __m256i row = _mm256_sub_epi16(el, _mm256_mullo_epi16(ch, _mm256_set1_epi16((short)sd)));
-            for (int k = 0; k < R; k++)
+            for (int k = 0; k < sd; k++)   /* (rows from R on: tc_out shuffles zeros) */
                 t->shuf[m][k] = tc_word_shuf(ch, _mm256_cmpeq_epi16(row, _mm256_set1_epi16((short)k)));
+            /* R < sd: the words written (rows < R), shifted a word up on grid 1 */
+            const __m128i wr = _mm_cmpgt_epi16(_mm_set1_epi16((short)R), _mm256_castsi256_si128(row));
+            for (int g = 0; g < 2 && R < sd; g++) {
+                const __m128i w = g ? _mm_alignr_epi8(wr, prev, 14) : wr;
+                t->pairs[g][m] = _mm_and_si128(w, _mm_shufflehi_epi16(_mm_shufflelo_epi16(w, 0xb1), 0xb1));
+            }
+            prev = wr;
         }
         return;
     }
@@ -340,7 +356,7 @@ GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) 
     }
 }
 
-GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { return e == 4 || sd == R; }
+GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { return e == 4 || sd == R || R >= 2; }
 
 /* fp32, sd odd or 2 or 6 (the lane merges): the lanes of block vector M whose elements
  * are row K's (8M + i = j*SD + K) for channels j in [4H, 4H + 4), for all eight
@@ -470,14 +486,31 @@ GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, cons
 GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, int64_t bs, const tc_plan *t,
                        const int e) {
     __m256i v[GDN_MAX_WIDTH];
-    if (e == 2) {   /* R == sd (tc_out_ok) */
+    if (e == 2) {   /* (sd: a constant, R is not) */
+        if (R == sd) {
 #pragma GCC unroll 8
-        for (int k = 0; k < sd; k++) v[k] = _mm256_loadu_si256((const __m256i *)(src + k * bs));
+            for (int k = 0; k < sd; k++) v[k] = _mm256_loadu_si256((const __m256i *)(src + k * bs));
+#pragma GCC unroll 8
+            for (int m = 0; m < sd; m++) {
+                const __m256i r = tc_shuffle_or(v, sd, t->shuf[m]);
+                _mm_storeu_si128((__m128i *)(dst + 16 * m), _mm256_castsi256_si128(r));
+                _mm_storeu_si128((__m128i *)(dst + 16 * (sd + m)), _mm256_extracti128_si256(r, 1));
+            }
+            return;
+        }
+        /* R < sd (tc_out_ok: R >= 2): rows R .. sd - 2 zero */
+#pragma GCC unroll 8
+        for (int k = 0; k < sd - 1; k++) v[k] = k < R ? _mm256_loadu_si256((const __m256i *)(src + k * bs)) : _mm256_setzero_si256();
+        __m256i prev = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int m = 0; m < sd; m++) {
-            const __m256i r = tc_shuffle_or(v, sd, t->shuf[m]);
-            _mm_storeu_si128((__m128i *)(dst + 16 * m), _mm256_castsi256_si128(r));
-            _mm_storeu_si128((__m128i *)(dst + 16 * (sd + m)), _mm256_extracti128_si256(r, 1));
+            const __m256i r = tc_shuffle_or(v, sd - 1, t->shuf[m]), s1 = _mm256_alignr_epi8(r, prev, 14);
+            char *d0 = dst + 16 * m, *d1 = dst + 16 * (sd + m);
+            prev = r;
+            _mm_maskstore_epi32((int *)d0, t->pairs[0][m], _mm256_castsi256_si128(r));
+            _mm_maskstore_epi32((int *)d1, t->pairs[0][m], _mm256_extracti128_si256(r, 1));
+            _mm_maskstore_epi32((int *)(d0 - 2), t->pairs[1][m], _mm256_castsi256_si128(s1));
+            _mm_maskstore_epi32((int *)(d1 - 2), t->pairs[1][m], _mm256_extracti128_si256(s1, 1));
         }
         return;
     }
