@@ -267,13 +267,14 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
  * within lanes) of chunk m, whose indices pick row k's words from that chunk and zero the
  * rest; out, block chunk m of both halves is the OR over k of one byte shuffle of row k
  * (16 words: a half per lane). R sd shuffles per 16 channels each way, where the dword
- * gathers took 3 R sd operations per 8 channels. AVX2 has no 16-bit masked store: where
- * the block has gaps (R < sd: transformers' view, padding), each chunk goes by two
- * dword-masked stores, of its dwords whose two words are both written and of the same
- * from 2 bytes before (the chunk shifted a word up, the previous chunk's word 7 its word
- * 0), so every written word (at R >= 2 each has a written neighbour) is stored once or
- * twice with its value and nothing outside the rows is written; R = 1 keeps the element
- * loop. */
+ * gathers took 3 R sd operations per 8 channels; at sd = 4 (two channels a chunk) a 4x4
+ * word transposition per channel pair by unpacks instead (12 in, 8 out). AVX2 has no
+ * 16-bit masked store: where the block has gaps (R < sd: transformers' view, padding),
+ * each chunk goes by two dword-masked stores, of its dwords whose two words are both
+ * written and of the same from 2 bytes before (the chunk shifted a word up, the previous
+ * chunk's word 7 its word 0), so every written word (at R >= 2 each has a written
+ * neighbour) is stored once or twice with its value and nothing outside the rows is
+ * written; R = 1 keeps the element loop. */
 #define TC_LINE(e) ((e) == 2 ? 16 : 8)
 
 typedef struct {
@@ -301,8 +302,8 @@ GDN_INLINE __m256i tc_word_shuf(const __m256i pos, const __m256i take) {
 GDN_INLINE __m256i tc_lane_words(void) { return _mm256_set_epi16(7, 6, 5, 4, 3, 2, 1, 0, 7, 6, 5, 4, 3, 2, 1, 0); }
 
 GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
-    if (e == 2) {   /* row k's word j is element j*sd + k: word % 8 of chunk / 8 */
-        for (int k = 0; k < R; k++) {
+    if (e == 2) {   /* row k's word j is element j*sd + k: word % 8 of chunk / 8 (sd = 4: unpacks) */
+        for (int k = 0; k < R && sd != 4; k++) {
             const __m256i el = _mm256_add_epi16(_mm256_mullo_epi16(tc_lane_words(), _mm256_set1_epi16((short)sd)),
                                                 _mm256_set1_epi16((short)k));
             const __m256i chunk = _mm256_srli_epi16(el, 3), pos = _mm256_and_si256(el, _mm256_set1_epi16(7));
@@ -324,7 +325,7 @@ GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) 
             const __m256i el = _mm256_add_epi16(tc_lane_words(), _mm256_set1_epi16((short)(8 * m)));
             const __m256i ch = _mm256_mulhi_epu16(el, magic16);   /* (el < 64: exact, as said above) */
             const __m256i row = _mm256_sub_epi16(el, _mm256_mullo_epi16(ch, _mm256_set1_epi16((short)sd)));
-            for (int k = 0; k < sd; k++)   /* (rows from R on: tc_out shuffles zeros) */
+            for (int k = 0; k < sd && sd != 4; k++)   /* (rows from R on: tc_out shuffles zeros; sd = 4: unpacks) */
                 t->shuf[m][k] = tc_word_shuf(ch, _mm256_cmpeq_epi16(row, _mm256_set1_epi16((short)k)));
             /* R < sd: the words written (rows < R), shifted a word up on grid 1 */
             const __m128i wr = _mm_cmpgt_epi16(_mm_set1_epi16((short)R), _mm256_castsi256_si128(row));
@@ -448,6 +449,21 @@ GDN_INLINE __m256i tc_shuffle_or(const __m256i *v, const int n, const __m256i *s
     return r;
 }
 
+/* 16-bit out: the sd chunks r[m] of a line (both halves) from rows v[k] (n of them
+ * shuffled; those from R on are zero); at sd = 4 a 4x4 word transposition per channel
+ * pair by unpacks (8 where the shuffles take 12-16 and 9-12 ORs) */
+GDN_INLINE void tc_chunks(__m256i *r, const __m256i *v, const int sd, const int n, const tc_plan *t) {
+    if (sd == 4) {
+        const __m256i a0 = _mm256_unpacklo_epi16(v[0], v[1]), a1 = _mm256_unpackhi_epi16(v[0], v[1]);
+        const __m256i b0 = _mm256_unpacklo_epi16(v[2], v[3]), b1 = _mm256_unpackhi_epi16(v[2], v[3]);
+        r[0] = _mm256_unpacklo_epi32(a0, b0), r[1] = _mm256_unpackhi_epi32(a0, b0);
+        r[2] = _mm256_unpacklo_epi32(a1, b1), r[3] = _mm256_unpackhi_epi32(a1, b1);
+        return;
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < sd; m++) r[m] = tc_shuffle_or(v, n, t->shuf[m]);
+}
+
 GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, const int R, const tc_plan *t,
                       const int e) {
     __m256i v[GDN_MAX_WIDTH];
@@ -456,6 +472,17 @@ GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, cons
         for (int m = 0; m < sd; m++)
             v[m] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(src + 16 * m))),
                                            _mm_loadu_si128((const __m128i *)(src + 16 * (sd + m))), 1);
+        if (sd == 4) {   /* a 4x4 word transposition per channel pair, by unpacks */
+            const __m256i a0 = _mm256_unpacklo_epi16(v[0], v[1]), a1 = _mm256_unpackhi_epi16(v[0], v[1]);
+            const __m256i a2 = _mm256_unpacklo_epi16(v[2], v[3]), a3 = _mm256_unpackhi_epi16(v[2], v[3]);
+            const __m256i b0 = _mm256_unpacklo_epi16(a0, a1), b1 = _mm256_unpackhi_epi16(a0, a1);   /* rows 0, 1 | 2, 3 */
+            const __m256i b2 = _mm256_unpacklo_epi16(a2, a3), b3 = _mm256_unpackhi_epi16(a2, a3);   /* of channels 4-7 */
+            _mm256_storeu_si256((__m256i *)dst, _mm256_unpacklo_epi64(b0, b2));
+            if (R > 1) _mm256_storeu_si256((__m256i *)(dst + bs), _mm256_unpackhi_epi64(b0, b2));
+            if (R > 2) _mm256_storeu_si256((__m256i *)(dst + 2 * bs), _mm256_unpacklo_epi64(b1, b3));
+            if (R > 3) _mm256_storeu_si256((__m256i *)(dst + 3 * bs), _mm256_unpackhi_epi64(b1, b3));
+            return;
+        }
 #pragma GCC unroll 8
         for (int k = 0; k < R; k++) _mm256_storeu_si256((__m256i *)(dst + k * bs), tc_shuffle_or(v, sd, t->shuf[k]));
         return;
@@ -486,29 +513,26 @@ GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, cons
 GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, int64_t bs, const tc_plan *t,
                        const int e) {
     __m256i v[GDN_MAX_WIDTH];
-    if (e == 2) {   /* (sd: a constant, R is not) */
-        if (R == sd) {
+    if (e == 2) {   /* (sd: a constant, R is not; rows from R on zero) */
+        __m256i r[GDN_MAX_WIDTH];
 #pragma GCC unroll 8
-            for (int k = 0; k < sd; k++) v[k] = _mm256_loadu_si256((const __m256i *)(src + k * bs));
+        for (int k = 0; k < sd; k++) v[k] = k < R ? _mm256_loadu_si256((const __m256i *)(src + k * bs)) : _mm256_setzero_si256();
+        if (R == sd) {
+            tc_chunks(r, v, sd, sd, t);
 #pragma GCC unroll 8
             for (int m = 0; m < sd; m++) {
-                const __m256i r = tc_shuffle_or(v, sd, t->shuf[m]);
-                _mm_storeu_si128((__m128i *)(dst + 16 * m), _mm256_castsi256_si128(r));
-                _mm_storeu_si128((__m128i *)(dst + 16 * (sd + m)), _mm256_extracti128_si256(r, 1));
+                _mm_storeu_si128((__m128i *)(dst + 16 * m), _mm256_castsi256_si128(r[m]));
+                _mm_storeu_si128((__m128i *)(dst + 16 * (sd + m)), _mm256_extracti128_si256(r[m], 1));
             }
             return;
         }
-        /* R < sd (tc_out_ok: R >= 2): rows R .. sd - 2 zero */
-#pragma GCC unroll 8
-        for (int k = 0; k < sd - 1; k++) v[k] = k < R ? _mm256_loadu_si256((const __m256i *)(src + k * bs)) : _mm256_setzero_si256();
-        __m256i prev = _mm256_setzero_si256();
+        tc_chunks(r, v, sd, sd - 1, t);   /* R < sd (tc_out_ok: R >= 2) */
 #pragma GCC unroll 8
         for (int m = 0; m < sd; m++) {
-            const __m256i r = tc_shuffle_or(v, sd - 1, t->shuf[m]), s1 = _mm256_alignr_epi8(r, prev, 14);
+            const __m256i s1 = _mm256_alignr_epi8(r[m], m ? r[m - 1] : _mm256_setzero_si256(), 14);
             char *d0 = dst + 16 * m, *d1 = dst + 16 * (sd + m);
-            prev = r;
-            _mm_maskstore_epi32((int *)d0, t->pairs[0][m], _mm256_castsi256_si128(r));
-            _mm_maskstore_epi32((int *)d1, t->pairs[0][m], _mm256_extracti128_si256(r, 1));
+            _mm_maskstore_epi32((int *)d0, t->pairs[0][m], _mm256_castsi256_si128(r[m]));
+            _mm_maskstore_epi32((int *)d1, t->pairs[0][m], _mm256_extracti128_si256(r[m], 1));
             _mm_maskstore_epi32((int *)(d0 - 2), t->pairs[1][m], _mm256_castsi256_si128(s1));
             _mm_maskstore_epi32((int *)(d1 - 2), t->pairs[1][m], _mm256_extracti128_si256(s1, 1));
         }
