@@ -515,9 +515,9 @@ GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, in
     __m256i v[GDN_MAX_WIDTH];
     if (e == 2) {   /* (sd: a constant, R is not; rows from R on zero) */
         __m256i r[GDN_MAX_WIDTH];
-#pragma GCC unroll 8
-        for (int k = 0; k < sd; k++) v[k] = k < R ? _mm256_loadu_si256((const __m256i *)(src + k * bs)) : _mm256_setzero_si256();
         if (R == sd) {
+#pragma GCC unroll 8
+            for (int k = 0; k < sd; k++) v[k] = _mm256_loadu_si256((const __m256i *)(src + k * bs));
             tc_chunks(r, v, sd, sd, t);
 #pragma GCC unroll 8
             for (int m = 0; m < sd; m++) {
@@ -526,6 +526,8 @@ GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, in
             }
             return;
         }
+#pragma GCC unroll 8
+        for (int k = 0; k < sd; k++) v[k] = k < R ? _mm256_loadu_si256((const __m256i *)(src + k * bs)) : _mm256_setzero_si256();
         tc_chunks(r, v, sd, sd - 1, t);   /* R < sd (tc_out_ok: R >= 2) */
 #pragma GCC unroll 8
         for (int m = 0; m < sd; m++) {
