@@ -22,7 +22,7 @@ SOURCES = ["src/gdnconv/_core.pyx"] + [
     for name in ("cpu_features", "cpu_x86", "cpu_aarch64", "isa", "threads", "update", "update_scalar",
                  "update_avx2", "update_avx512", "update_avx512bf16", "prefill", "prefill_scalar", "prefill_avx2",
                  "prefill_avx512", "prefill_avx512bf16", "update_neon", "update_neonbf16", "prefill_neon",
-                 "prefill_neonbf16", "memory")
+                 "prefill_neonbf16", "memory", "torch_op")
 ]
 
 
@@ -133,6 +133,7 @@ if __name__ == "__main__":
         include_dirs=["include", "src/csrc", np.get_include()],
         depends=glob.glob("src/csrc/*.h") + glob.glob("include/gdnconv/*.h") + glob.glob("src/gdnconv/*.pxi"),
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        libraries=["dl"] if sys.platform.startswith("linux") else [],   # (torch_op.c's dlopen; glibc < 2.34)
     )
 
     setup(

@@ -46,7 +46,10 @@ set. Threads: gdnconv's default and torch's default set to the same number (--th
 to choose). Statistics: per case every peer is calibrated to samples of --sample-us,
 then --rounds interleaved rounds (the order of the peers rotates from round to round),
 medians; the table gives the ratios of the medians and the largest interquartile range
-of the case's samples, the summary the worst ratios against the issue's targets.
+of the case's samples, the summary the worst ratios against the issue's targets. Every peer
+is timed under torch.inference_mode(), as vLLM's worker runs its steps, on arrays made
+outside it, as vLLM's caches are (stops before 52 timed in grad mode: gdnconv's torch op,
+gdnconv.vllm's first try since stop 52, then pays the autograd fallback of a custom op).
 """
 import argparse
 import csv
@@ -125,15 +128,17 @@ def vllm_packs(ops, weight):
 def time_peers(peers, args):
     """Medians (us) and the largest IQR (% of the median) of interleaved samples, and the
     CPU time other processes used meanwhile (% of one CPU)."""
-    calls = {k: calibrate(f, args.sample_us * 1e3)[0] for k, f in peers.items()}
-    samples = {k: [] for k in peers}
-    names = list(peers)
-    meter = CpuMeter()
-    m0 = meter.mark()
-    for r in range(args.rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            samples[k].append(sample_ns(peers[k], calls[k]))
-    others = meter.others_pct(m0, meter.mark())
+    import torch
+    with torch.inference_mode():    # as vLLM's worker runs a step (execute_model); the layers' arrays
+        calls = {k: calibrate(f, args.sample_us * 1e3)[0] for k, f in peers.items()}   # were made outside it
+        samples = {k: [] for k in peers}
+        names = list(peers)
+        meter = CpuMeter()
+        m0 = meter.mark()
+        for r in range(args.rounds):
+            for k in names[r % len(names):] + names[:r % len(names)]:
+                samples[k].append(sample_ns(peers[k], calls[k]))
+        others = meter.others_pct(m0, meter.mark())
     med = {k: stats(v)[0] / 1e3 for k, v in samples.items()}
     iqr = max(stats(v)[2] for v in samples.values())
     return med, iqr, others

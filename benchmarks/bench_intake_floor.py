@@ -8,18 +8,24 @@ weight, num_accepted_tokens, conv_state_indices, out) as gdnconv's Cython layer 
 same checks on them (CPU, strided, dtype, no pending negation; for the written ones no autograd
 and no inference tensor outside inference mode; each view inside its storage), but computes
 nothing. Called as a pybind11 function and as a torch op (``torch.ops``, as vLLM calls its
-kernels), with a given out and with a new one (``at::empty_like``), side by side with gdnconv's
+kernels), with a given out and with a new one (``at::empty_like``), and as a torch op built on
+torch's stable C ABI alone (``STABLE_TORCH_LIBRARY``: the ``aoti_torch_*`` shim, which a binding
+can resolve from the loaded libtorch at run time, so that no build against torch is needed; its
+reads lack the negation bit, ``requires_grad`` and inference tensors, which such a binding would
+leave to the dispatcher or check in Python), side by side with gdnconv's
 core call on the same tensors and on NumPy views of the same memory (the kernel plus the NumPy
 call's own fixed cost, ~1 us). Warm, one thread, medians of interleaved rounds. The question it answers: how much of a small
 call's time is the Python-level tensor intake, and what a binding compiled against torch would
 leave of it (issue 26's small-batch cases).
 """
 import argparse
+import os
 import statistics
+import tempfile
 
 import numpy as np
 import torch
-from torch.utils.cpp_extension import load_inline
+from torch.utils.cpp_extension import load, load_inline
 
 import gdnconv
 from harness import sample_ns
@@ -74,6 +80,63 @@ TORCH_LIBRARY(gdnconv_intake_floor, m) {
 TORCH_LIBRARY_IMPL(gdnconv_intake_floor, CPU, m) { m.impl("intake_new", &intake_new); }
 """
 
+# The same reads through torch's stable C ABI: tensors come as handles (AtenTensorHandle) on the
+# boxed stack, each read by shim calls (device, dtype, sizes, strides, data and storage), the out
+# made by aoti_torch_empty_strided.
+STABLE_SOURCE = r"""
+#include <torch/csrc/stable/library.h>
+
+static void take(AtenTensorHandle t, int32_t dtype) {
+    int32_t device, dt;
+    int64_t ndim, *size, *stride, offset, nbytes;
+    void *data;
+    aoti_torch_get_device_type(t, &device);
+    aoti_torch_get_dtype(t, &dt);
+    STD_TORCH_CHECK(device == aoti_torch_device_type_cpu() && dt == dtype, "a CPU tensor of the dtype");
+    aoti_torch_get_dim(t, &ndim);
+    aoti_torch_get_sizes(t, &size);
+    aoti_torch_get_strides(t, &stride);
+    aoti_torch_get_data_ptr(t, &data);
+    aoti_torch_get_storage_offset(t, &offset);
+    aoti_torch_get_storage_size(t, &nbytes);
+    const int64_t e = aoti_torch_dtype_element_size(dt);
+    int64_t lo = 0, hi = 0;
+    for (int64_t i = 0; i < ndim; i++) {
+        if (size[i] == 0) return;
+        (stride[i] < 0 ? lo : hi) += (size[i] - 1) * stride[i];
+    }
+    STD_TORCH_CHECK(offset + lo >= 0 && (offset + hi + 1) * e <= nbytes, "inside its storage");
+}
+
+// x, st, w, na, idx -> out
+static void intake_new(StableIValue *stack, uint64_t, uint64_t) {
+    AtenTensorHandle t[5];
+    for (int i = 0; i < 5; i++) t[i] = reinterpret_cast<AtenTensorHandle>(stack[i]);
+    int32_t dt, wdt;
+    aoti_torch_get_dtype(t[0], &dt);
+    aoti_torch_get_dtype(t[2], &wdt);
+    take(t[0], dt);
+    take(t[1], dt);
+    take(t[2], wdt);
+    take(t[3], aoti_torch_dtype_int32());
+    take(t[4], aoti_torch_dtype_int32());
+    int64_t ndim, *size, *stride;
+    aoti_torch_get_dim(t[0], &ndim);
+    aoti_torch_get_sizes(t[0], &size);
+    aoti_torch_get_strides(t[0], &stride);
+    AtenTensorHandle out;
+    aoti_torch_empty_strided(ndim, size, stride, dt, aoti_torch_device_type_cpu(), 0, &out);
+    take(out, dt);
+    for (int i = 0; i < 5; i++) aoti_torch_delete_tensor_object(t[i]);
+    stack[0] = reinterpret_cast<StableIValue>(out);
+}
+
+STABLE_TORCH_LIBRARY(gdnconv_intake_stable, m) {
+    m.def("intake_new(Tensor x, Tensor(a!) st, Tensor w, Tensor na, Tensor idx) -> Tensor");
+}
+STABLE_TORCH_LIBRARY_IMPL(gdnconv_intake_stable, CPU, m) { m.impl("intake_new", &intake_new); }
+"""
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -85,6 +148,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     ext = load_inline("gdnconv_intake_floor", cpp_sources=[SOURCE], functions=["intake", "intake_new"],
                       extra_cflags=["-O2"])
+    with tempfile.TemporaryDirectory() as tmp:   # (load_inline would include torch/extension.h)
+        src = os.path.join(tmp, "gdnconv_intake_stable.cpp")
+        with open(src, "w") as f:
+            f.write(STABLE_SOURCE)
+        load("gdnconv_intake_stable", [src], is_python_module=False,
+             extra_cflags=["-O2", "-DTORCH_TARGET_VERSION=0x020a000000000000"])
     torch.set_num_threads(1)
     D, B, T, W = args.dim, args.batch, args.tokens, 4
     g = torch.Generator().manual_seed(0)
@@ -102,6 +171,8 @@ def main(argv=None):
         "C++ pybind11 intake, out given": lambda: ext.intake(x, st, w, na, idx, out),
         "C++ pybind11 intake, new out": lambda: ext.intake_new(x, st, w, na, idx),
         "C++ intake as a torch op, new out": lambda: torch.ops.gdnconv_intake_floor.intake_new(x, st, w, na, idx),
+        "stable-ABI intake as a torch op, new out": lambda: torch.ops.gdnconv_intake_stable.intake_new(
+            x, st, w, na, idx),
         "gdnconv on NumPy views, out given": lambda: gdnconv.conv_update_multi(
             xa, sa, wa, None, activation="silu", num_accepted_tokens=naa, conv_state_indices=ia, out=oa),
         "gdnconv on the tensors, out given": lambda: gdnconv.conv_update_multi(x, st, w, None, out=out, **kw),
@@ -115,7 +186,7 @@ def main(argv=None):
           f"B={B} T={T} W={W}, speculative, SiLU, pack_weight's weight; warm, 1 thread; medians of "
           f"{args.repeats} interleaved rounds of {args.calls} calls")
     for name, ts in times.items():
-        print(f"  {name:36s} {statistics.median(ts):7.2f} us")
+        print(f"  {name:42s} {statistics.median(ts):7.2f} us")
 
 
 def _bf16():

@@ -249,6 +249,7 @@ def test_packed_weight_reaches_the_core_as_it_is(mode, monkeypatch):
 
     real = getattr(gdnconv._core, core)
     monkeypatch.setattr(gdnconv._core, core, spy)
+    monkeypatch.setattr(gv, "_op_new", None)   # (the torch op's route: tests/test_torch_op.py)
     other = (torch.randn(D, generator=torch.Generator().manual_seed(3)) / 2).bfloat16()
     for w, b in ((packed, bias), (packed, other), (frozen, None)):
         a, st = conv_state.clone(), conv_state.clone()
@@ -291,6 +292,7 @@ def test_packed_weights_under_compile_and_other_kinds_give_the_plain_bits():
 def _core_entries(monkeypatch):
     """A list that gets, for each call of the core's vLLM-order update entry from now on, its
     plain_tensors flag (True: gdnconv.vllm's try; False: its full path)."""
+    monkeypatch.setattr(gv, "_op_new", None)   # (the torch op's route: tests/test_torch_op.py)
     core = gdnconv._core._conv_update_vllm
     entries = []
 
@@ -512,6 +514,7 @@ def test_the_usual_decode_call_is_one_core_call(monkeypatch):
             calls.append((kw.get("plain_tensors", False), _Counting.seen - seen))
 
     monkeypatch.setattr(gdnconv._core, "_conv_update_vllm", spy)
+    monkeypatch.setattr(gv, "_op_new", None)   # (the torch op's route: tests/test_torch_op.py)
     conv_state, weight, bias, tokens = _tensors(5, "bf16", 3, 1, 24, 4, 3, 6, "SD")
     x = tokens[:, 0]
     slots = torch.tensor([4, -1, 0], dtype=torch.int32)

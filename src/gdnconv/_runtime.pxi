@@ -60,6 +60,7 @@ def set_num_threads(n):
     global _num_threads, _threads_set
     _num_threads = _default_num_threads() if n is None else _check_threads(n, "n")
     _threads_set = n is not None
+    gdn_torch_op_threads(_call_threads(None))
 
 
 def thread_contention():
@@ -118,6 +119,17 @@ def get_num_threads():
 
 
 # ------------------------------------------------------------------------ reused outs
+
+def _torch_op_init(libtorch_path):
+    """Register gdnconv's decode as torch ops (``torch.ops._gdnconv.update_new`` and
+    ``update_into``, src/csrc/torch_op.c) on torch's stable C ABI, its functions looked
+    up in the loaded libtorch at ``libtorch_path`` (str); for gdnconv.vllm, which has
+    imported torch. Returns 0 when they are registered (now or before), a negative
+    code when this torch or platform cannot have them."""
+    rc = gdn_torch_op_init(os.fsencode(libtorch_path))
+    gdn_torch_op_threads(_call_threads(None))
+    return rc
+
 
 def set_out_cache_bytes(nbytes):
     """Set how many bytes of freed large outputs gdnconv keeps for reuse (default 256

@@ -38,6 +38,9 @@ Design:
   chunk shorter than ``width - 1`` into the read block (vLLM issue 56196), gdnconv writes the
   last scheduled block. Block indices that contradict each other are a ValueError naming them.
 """
+import os
+import sys
+
 import numpy as np
 import torch
 
@@ -247,6 +250,88 @@ def _weights(weight, bias, dtype):
     return weight, bias
 
 
+# ---- the usual decode call as one torch op (src/csrc/torch_op.c) ----
+
+_OP_SILU, _OP_TOKENS_LAST, _OP_PACKED, _OP_SKIPPED_FROM_X = 1, 2, 4, 8     # torch_op.h's GDN_OP_*
+_OP_BIAS, _OP_ACCEPTED, _OP_INDICES = 16, 32, 64
+
+
+def _load_ops():
+    """(update_new, update_into): the usual decode call as torch ops on torch's stable C ABI,
+    registered from gdnconv's own module (no build against torch), or (None, None) off Linux,
+    where this torch lacks the ABI's functions, or with GDNCONV_TORCH_OP=0."""
+    if os.environ.get("GDNCONV_TORCH_OP", "").strip() == "0" or not sys.platform.startswith("linux"):
+        return None, None
+    if _core._torch_op_init(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")) != 0:
+        return None, None
+    new, into = torch.ops._gdnconv.update_new.default, torch.ops._gdnconv.update_into.default
+    # the C function behind each overload where torch has it (OpOverload.__call__ is a Python frame)
+    return getattr(new, "_op", new), getattr(into, "_op", into)
+
+
+_op_new, _op_into = _load_ops()
+_T = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+_inference_mode = torch.is_inference_mode_enabled
+
+
+def _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices, pad_slot_id,
+               out, flags):
+    """The core's update through the torch op: ``out`` (None: into a new tensor, which it
+    returns), ``flags`` the GDN_OP_* of the call's layout (tokens last, skipped rows from x).
+    Returns the result, or None where the op does not take the call, before anything is
+    written: no op here, an argument not a plain torch.Tensor (an nn.Parameter weight or bias
+    too) or None; in grad mode, a given out (there the dispatcher's autograd fallback costs
+    what the op saves) or an input that requires grad (the op's output would get an autograd
+    history the core's own call does not give); a written tensor (conv_state, out) that
+    requires grad, carries a
+    negation bit or is an inference tensor outside inference mode (what torch's stable ABI
+    cannot read), an activation or pad_slot_id of another type, or whatever the op refuses
+    (torch_op.c). An input with a pending negation bit (x, weight, bias) is resolved by torch's
+    dispatcher before the op runs, so the op computes on its values (the Cython intake refuses
+    such a tensor instead). ~2 us less a call than the core's Cython intake at one to four
+    requests (benchmarks/README.md)."""
+    if (_op_new is None or type(x) is not _T or type(conv_state) is not _T or type(weight) not in _EXACT
+            or type(pad_slot_id) is not int):
+        return None
+    if activation is True or (type(activation) is str and (activation == "silu" or activation == "swish")):
+        flags |= _OP_SILU
+    elif activation is not None and activation is not False:
+        return None
+    inside = _inference_mode()    # (inside inference mode any tensor may be written)
+    for t in (conv_state, x) if out is x else (conv_state,) if out is None else (conv_state, out):
+        if type(t) is not _T or t.requires_grad or t.is_neg() or (not inside and t.is_inference()):
+            return None
+    if bias is None:
+        bias = x
+    elif type(bias) in _EXACT:
+        flags |= _OP_BIAS
+    else:
+        return None
+    if _grad_enabled() and (out is not None or x.requires_grad or weight.requires_grad or bias.requires_grad):
+        return None
+    if num_accepted_tokens is None:
+        num_accepted_tokens = x
+    elif type(num_accepted_tokens) is _T:
+        flags |= _OP_ACCEPTED
+    else:
+        return None
+    if conv_state_indices is None:
+        conv_state_indices = x
+    elif type(conv_state_indices) is _T:
+        flags |= _OP_INDICES
+    else:
+        return None
+    try:    # (the dispatcher refuses a meta or other device's tensor, before the kernel runs)
+        if out is None:
+            return _op_new(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, flags, pad_slot_id)
+        if _op_into(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, out, flags, pad_slot_id):
+            return out
+    except Exception:
+        pass
+    return None
+
+
 # ---- index conventions ----
 
 def _index(indices):
@@ -364,6 +449,11 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         # any write, and before running user code) goes through the full path below, which maps the
         # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
+        if is_weight_packed is True or is_weight_packed is False:   # (the op first: one C call)
+            done = _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+                              pad_slot_id, target, _OP_PACKED if is_weight_packed else 0)
+            if done is not None:
+                return done
         try:
             _core._conv_update_vllm(x, conv_state, weight, bias, activation=activation, num_accepted_tokens=num_accepted_tokens,
                                     conv_state_indices=conv_state_indices, pad_slot_id=pad_slot_id, out=target,

@@ -1,0 +1,312 @@
+"""gdnconv.vllm's usual decode call as one torch op (src/csrc/torch_op.c, registered on torch's
+stable C ABI): the op's results are the Cython path's bit for bit (and the float64
+reference's), in every route that tries it (gdnconv.vllm's given out and out=None, the plugin's
+new outs); whatever it refuses goes to the full path, which gives that call's result or its
+error, with nothing written."""
+import re
+import zlib
+
+import numpy as np
+import pytest
+
+from conftest import as_np, assert_bits_equal, reference
+from gdnconv.testing import assert_outputs_close
+
+torch = pytest.importorskip("torch")
+import gdnconv  # noqa: E402
+import gdnconv.vllm as gv  # noqa: E402
+import gdnconv.vllm_plugin as vp  # noqa: E402
+from test_vllm import _Counting, _WeightParameter  # noqa: E402
+
+TD = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+pytestmark = pytest.mark.skipif(gv._op_new is None, reason="torch's stable C ABI ops are not registered here "
+                                "(not Linux, or a torch without the shim's functions)")
+
+
+def bits_t(t):
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    """Grad mode off, as in vLLM's steps (torch.inference_mode()): in grad mode a given out goes
+    to the Cython path (test_grad_mode_takes_new_outs_only)."""
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """A list that gets, for each call of the ops from now on, whether the op took it (its
+    result not None / 1)."""
+    calls = []
+    new, into = gv._op_new, gv._op_into
+
+    def counted_new(*a):
+        r = new(*a)
+        calls.append(r is not None)
+        return r
+
+    def counted_into(*a):
+        r = into(*a)
+        calls.append(bool(r))
+        return r
+
+    monkeypatch.setattr(gv, "_op_new", counted_new)
+    monkeypatch.setattr(gv, "_op_into", counted_into)
+    return calls
+
+
+def _case(seed, dtype, state, B=3, D=64, W=4, spec=False, T=1):
+    """vLLM-order tensors of one decode step: conv_state (S, D, L) (a transposed view of (S, L, D)
+    memory for "SD"), x (B, D) or (B, D, T), weight (D, W), bias (D,), slots with a pad, and
+    num_accepted_tokens in spec mode."""
+    g = torch.Generator().manual_seed(seed)
+    dt = TD[dtype]
+    L = W - 1 + (T - 1 if spec else 0)
+    S = 6
+    st = (torch.randn(S, L, D, generator=g).to(dt).transpose(1, 2) if state == "SD"
+          else torch.randn(S, D, L, generator=g).to(dt))
+    w = (torch.randn(D, W, generator=g) / 2).to(dt)
+    b = (torch.randn(D, generator=g) / 2).to(dt)
+    tokens = torch.randn(B, T, D, generator=g).to(dt)          # (B, T, D) memory
+    x = tokens[:, 0] if T == 1 else tokens.transpose(1, 2)      # vLLM's (B, D) / (B, D, T)
+    slots = torch.tensor([4, -1, 0][:B], dtype=torch.int32)
+    nat = torch.tensor([1, 2, T - 1 if T > 1 else 1][:B], dtype=torch.int32) if spec else None
+    return st, x, w, b, slots, nat
+
+
+ROUTES = ["given_out", "into_x", "plugin_new", "plugin_skipped_from_x"]
+
+
+def _call(route, st, x, w, b, slots, nat, packed=False, activation="silu", pad=-1):
+    """One call through the route; returns its result."""
+    if route == "given_out":
+        return gv.causal_conv1d_update(x, st, w, b, activation, slots, nat, out=torch.full_like(x, 7.0),
+                                       pad_slot_id=pad, is_weight_packed=packed)
+    if route == "into_x":
+        return gv.causal_conv1d_update(x, st, w, b, activation, slots, nat, pad_slot_id=pad,
+                                       is_weight_packed=packed)
+    if route == "plugin_new":   # gdn_attention._causal_conv1d_update_cpu's drop-in: x (B, T, D)
+        xt = x if x.dim() == 2 else x.transpose(1, 2)
+        return vp._update_op(x=xt, conv_states=st, weight=w, bias=b, silu_activation=activation is not None,
+                             conv_state_indices=slots, is_weight_packed=packed, num_accepted_tokens=nat)
+    return vp._update_cpu(x, st, w, b, activation, slots, pad_slot_id=pad, num_accepted_tokens=nat,
+                          is_weight_packed=packed)
+
+
+def _both(monkeypatch, route, make, **kw):
+    """(op result, op state, Cython result, Cython state): the same call on fresh copies through
+    the op and with the op off."""
+    res = []
+    for use_op in (True, False):
+        st, x, w, b, slots, nat = make()
+        if not use_op:
+            monkeypatch.setattr(gv, "_op_new", None)
+        out = _call(route, st, x, w, b, slots, nat, **kw)
+        res += [out.clone(), st.clone()]
+    return res
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("state", ["SD", "DS"])
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+@pytest.mark.parametrize("weights", ["raw", "float32", "packed", "no_bias"])
+def test_the_op_gives_the_cython_paths_bits(dtype, state, route, mode, weights, monkeypatch, op_calls):
+    """Every route's usual call is taken by the op (one call), and its result and state are the
+    Cython path's bit for bit; the live rows match the float64 reference."""
+    if weights == "packed" and dtype != "bf16":
+        pytest.skip("vLLM packs bf16 weights only")
+    spec = mode == "spec"
+    seed = zlib.crc32(repr((dtype, state, route, mode, weights)).encode())
+
+    def make():
+        st, x, w, b, slots, nat = _case(seed, dtype, state, D=64, spec=spec, T=4 if spec else 1)
+        if weights == "float32":
+            w, b = w.float(), b.float()
+        elif weights == "packed":
+            w = gv.pack_weight_like_vllm(w)
+        elif weights == "no_bias":
+            b = None
+        return st, x, w, b, slots, nat
+
+    out, state_after, ref_out, ref_state = _both(monkeypatch, route, make, packed=weights == "packed")
+    assert op_calls == [True]
+    assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(state_after), bits_t(ref_state))
+    st, x, w, b, slots, nat = make()
+    w = gv.unpack_weight(w) if weights == "packed" else w
+    xt = x if x.dim() == 2 else x.transpose(1, 2)        # gdnconv's (B, T, D)
+    r_out, r_state, mag = reference(xt, st.transpose(1, 2), w, b, activation="silu", conv_state_indices=slots,
+                                    num_accepted_tokens=nat)
+    live = (slots != -1).numpy()
+    got = out if out.dim() == 2 or route == "plugin_new" else out.transpose(1, 2)
+    assert_outputs_close(got, r_out, mag, silu=True, rows=live)
+    assert_bits_equal(state_after.transpose(1, 2), r_state, "conv_state")
+    if route == "plugin_skipped_from_x":
+        assert torch.equal(bits_t(got[~torch.from_numpy(live)]), bits_t(xt[~torch.from_numpy(live)]))
+    elif route == "plugin_new":
+        assert not got[~torch.from_numpy(live)].any()
+
+
+def test_the_op_follows_the_thread_setting(monkeypatch, op_calls):
+    """The op's calls take gdnconv's thread setting (set_num_threads), as the core's own do."""
+    st, x, w, b, slots, nat = _case(1, "bf16", "SD", B=3, D=8192 * 4)
+    try:
+        for n in (1, 2):
+            gdnconv.set_num_threads(n)
+            gv.causal_conv1d_update(x.clone(), st, w, b, "silu", slots)
+            assert gdnconv.thread_contention()["last_call_threads"] == min(n, gdnconv.get_num_threads())
+    finally:
+        gdnconv.set_num_threads(None)
+    assert op_calls == [True, True]
+
+
+def _shrunk_state():
+    st, x, w, b, slots, nat = _case(2, "fp32", "DS")
+    big = torch.zeros(st.numel() + 64)
+    view = big[64:].view(st.shape)
+    view.copy_(st)
+    big.untyped_storage().resize_(64 * 4 + 16)   # the view now lies past its storage's end
+    return view
+
+
+REFUSED = {
+    # case: (what to change, the error the full path gives, or None: the full path's result)
+    "state_outside_storage": (lambda a: a.update(st=_shrunk_state()), "conv_state lies outside its storage"),
+    "out_overlaps_state": (lambda a: a.update(out=a["st"][:3, :, 0]), "overlaps"),
+    "out_overlaps_itself": (lambda a: a.update(out=torch.empty(1, 64).expand(3, 64)), "out overlaps itself"),
+    "slot_out_of_range": (lambda a: a["slots"].__setitem__(0, 6), r"conv_state_indices\[0\] = 6 is out of range"),
+    "slot_twice": (lambda a: a["slots"].__setitem__(2, 4), r"repeats the slot"),
+    "state_requires_grad": (lambda a: a.update(st=a["st"].detach().clone().requires_grad_()), "requires grad"),
+    "state_negated": (lambda a: a.update(st=torch._neg_view(a["st"])), "pending negation"),
+    "inference_state": (lambda a: a.update(st=_inference(a["st"])), "inference tensor"),
+    "meta_x": (lambda a: a.update(x=a["x"].to("meta")), None),
+    "pad_slot_outside_int32": (lambda a: a.update(pad=2 ** 40), "outside the int32 range"),
+    "x_channels_strided": (lambda a: a.update(x=torch.stack([a["x"], a["x"]], 2).reshape(3, 128)[:, ::2]), None),
+    "int64_slots": (lambda a: a.update(slots=a["slots"].long()), None),
+    "activation_other": (lambda a: a.update(activation="relu"), "activation must be None, 'silu'"),
+}
+
+
+def _inference(t):
+    with torch.inference_mode():
+        return t.clone()
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_the_op_refuses_goes_to_the_full_path(case, monkeypatch, op_calls):
+    """Each call the op does not take (refused in C, by its caller's pre-checks, or by the
+    dispatcher) gives what the full path gives: that call's error with nothing written, or its
+    result, bit for bit."""
+    change, error = REFUSED[case]
+
+    def run():
+        st, x, w, b, slots, nat = _case(3, "fp32", "DS")
+        a = dict(st=st, x=x, w=w, b=b, slots=slots, out=torch.full((3, 64), 7.0), pad=-1, activation="silu")
+        change(a)
+        before = {k: v.detach().clone() for k, v in a.items() if isinstance(v, torch.Tensor) and not v.is_meta
+                  and k != "st" or k == "st" and case != "state_outside_storage"}
+        try:
+            res = gv.causal_conv1d_update(a["x"], a["st"], a["w"], a["b"], a["activation"], a["slots"],
+                                          out=a["out"], pad_slot_id=a["pad"])
+        except (TypeError, ValueError, NotImplementedError, RuntimeError) as e:
+            for k, v in before.items():
+                assert torch.equal(bits_t(a[k].detach().resolve_neg()), bits_t(v.resolve_neg())), f"{k} was written"
+            return e
+        return res.detach().clone(), a["st"].detach().clone()
+
+    got = run()
+    assert True not in op_calls
+    if error is not None:
+        assert isinstance(got, ValueError) and re.search(error, str(got)), got
+        return
+    monkeypatch.setattr(gv, "_op_new", None)
+    ref = run()
+    if isinstance(ref, Exception):
+        assert type(got) is type(ref) and str(got) == str(ref)
+    else:
+        assert torch.equal(bits_t(got[0]), bits_t(ref[0])) and torch.equal(bits_t(got[1]), bits_t(ref[1]))
+
+
+def test_an_input_with_a_negation_bit_is_read_as_its_values(monkeypatch, op_calls):
+    """x with a pending negation bit (torch._neg_view): the dispatcher resolves it before the op
+    runs, so the op computes on x's values (where the core's own intake refuses such a tensor,
+    asking for resolve_neg()): the bits of the call on x.resolve_neg()."""
+    st, x, w, b, slots, nat = _case(5, "bf16", "SD")
+    neg = torch._neg_view(-x)
+    st2 = st.clone()
+    out = gv.causal_conv1d_update(neg, st, w, b, "silu", slots, out=torch.zeros_like(x))
+    assert op_calls == [True]
+    monkeypatch.setattr(gv, "_op_new", None)
+    ref = gv.causal_conv1d_update(neg.resolve_neg(), st2, w, b, "silu", slots, out=torch.zeros_like(x))
+    assert torch.equal(bits_t(out), bits_t(ref)) and torch.equal(bits_t(st), bits_t(st2))
+
+
+def test_a_large_new_out_goes_to_the_cython_path(monkeypatch, op_calls):
+    """New outs of GDN_REUSE_MIN_BYTES (4 MiB) and more are made by the Cython path, which
+    reuses their memory (the op refuses them): the same bits either way."""
+    def make():
+        return _case(4, "fp32", "SD", B=3, D=1 << 19)
+
+    out, st, ref_out, ref_st = _both(monkeypatch, "plugin_new", make)
+    assert op_calls == [False]
+    assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))
+
+
+def test_gdnconv_torch_op_0_turns_the_op_off():
+    """GDNCONV_TORCH_OP=0: no op (gdnconv.vllm keeps its Cython path)."""
+    from conftest import run_python
+    r = run_python("import gdnconv.vllm as gv; print(gv._op_new is None, gv._op_into is None)",
+                   GDNCONV_TORCH_OP="0")
+    assert r.stdout.split() == ["True", "True"], r
+
+
+@pytest.mark.parametrize("route", ["adapter", "plugin"])
+def test_subclasses_never_reach_the_op(route, op_calls):
+    """vLLM's packed weight, a Parameter subclass with a Python __torch_function__, reaches the op
+    as a plain tensor on its memory (gdnconv.vllm._plain), none of its torch functions run, with
+    the plain weight's bits; an x of a tensor subclass is not given to the op (the dispatcher
+    would run its __torch_function__), and the full path computes it."""
+    st0, x, w, b, slots, nat = _case(7, "bf16", "SD", D=64)
+    param = _WeightParameter(gv.pack_weight_like_vllm(w), requires_grad=False)
+    st_ref = st0.clone()
+    ref = gv.causal_conv1d_update(x.clone(), st_ref, w, b, "silu", slots)
+    op_calls.clear()
+    _WeightParameter.seen = 0
+    st = st0.clone()
+    if route == "adapter":
+        out = gv.causal_conv1d_update(x.clone(), st, param, b, "silu", slots, is_weight_packed=True)
+    else:
+        out = vp._update_op(x=x, conv_states=st, weight=param, bias=b, silu_activation=True,
+                            conv_state_indices=slots, is_weight_packed=True)
+        ref[1] = 0           # (the drop-in's new out: a skipped request's row is zeros)
+    assert op_calls == [True] and _WeightParameter.seen == 0
+    assert torch.equal(bits_t(out), bits_t(ref)) and torch.equal(bits_t(st), bits_t(st_ref))
+    op_calls.clear()
+    _Counting.seen = 0
+    st = st0.clone()
+    sub = gv.causal_conv1d_update(x.clone().as_subclass(_Counting), st, w, b, "silu", slots)
+    assert op_calls == [] and _Counting.seen > 0
+    if route == "adapter":
+        assert torch.equal(bits_t(sub.as_subclass(torch.Tensor)), bits_t(ref))
+        assert torch.equal(bits_t(st), bits_t(st_ref))
+
+
+def test_grad_mode_takes_new_outs_only(monkeypatch, op_calls):
+    """In grad mode the op takes the plugin's new-out call of plain tensors; a given out, or an
+    input that requires grad (an nn.Parameter weight), goes to the Cython path: the same bits,
+    and no autograd history on the result."""
+    with torch.enable_grad():
+        st, x, w, b, slots, nat = _case(8, "bf16", "SD", D=64)
+        ref_st = st.clone()
+        ref = _call("plugin_new", ref_st, x, w, b, slots, nat)
+        assert op_calls == [True] and not ref.requires_grad
+        op_calls.clear()
+        for route, weight in (("given_out", w), ("plugin_new", torch.nn.Parameter(w.clone()))):
+            s2 = st.clone()
+            out = _call(route, s2, x, weight, b, slots, nat)
+            assert op_calls == [] and not out.requires_grad, route
+            if route == "given_out":
+                out[1] = 0
+            assert torch.equal(bits_t(out), bits_t(ref)) and torch.equal(bits_t(s2), bits_t(ref_st)), route
