@@ -254,3 +254,24 @@ def test_parallel_copy_copies_every_element(n, threads):
     np.testing.assert_array_equal(rows, np.stack([src, -src]))
     with pytest.raises(ValueError, match="C-contiguous"):
         harness.parallel_copy(rows.T, np.stack([src, -src]).T.copy(), threads)
+
+
+def test_bench_op_times_both_paths_in_every_regime(capsys):
+    """bench_op.py: a row per regime, case and route, each with the op's and the Cython path's
+    medians (positive) and their ratio."""
+    torch = pytest.importorskip("torch")
+    import gdnconv.vllm as gv
+    if gv._op_new is None:
+        pytest.skip("no torch op here (not Linux, or a torch without the stable ABI's functions)")
+    import bench_op
+    threads = torch.get_num_threads()
+    try:
+        bench_op.main(["--dims", "64", "--batch", "1", "--rounds", "1", "--calls", "5"])
+    finally:
+        torch.set_num_threads(threads)
+        gdnconv.set_num_threads(None)
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.split()[:1] in (["grad"], ["no_grad"], ["inference"])]
+    assert [(r[0], r[3], r[4]) for r in rows] == [(g, t, route) for g in ("grad", "no_grad", "inference")
+                                                  for t in ("1", "4") for route in ("vllm.py,", "plugin,")]
+    assert all(float(v) > 0 for r in rows for v in r[-3:])

@@ -294,6 +294,9 @@ def _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, con
     if (_op_new is None or type(x) is not _T or type(conv_state) is not _T or type(weight) not in _EXACT
             or type(pad_slot_id) is not int):
         return None
+    grad = _grad_enabled()
+    if grad and out is not None:     # (asked first: the checks below cost what the op would save)
+        return None
     if activation is True or (type(activation) is str and (activation == "silu" or activation == "swish")):
         flags |= _OP_SILU
     elif activation is not None and activation is not False:
@@ -308,7 +311,7 @@ def _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, con
         flags |= _OP_BIAS
     else:
         return None
-    if _grad_enabled() and (out is not None or x.requires_grad or weight.requires_grad or bias.requires_grad):
+    if grad and (x.requires_grad or weight.requires_grad or bias.requires_grad):
         return None
     if num_accepted_tokens is None:
         num_accepted_tokens = x
@@ -449,7 +452,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         # any write, and before running user code) goes through the full path below, which maps the
         # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
-        if is_weight_packed is True or is_weight_packed is False:   # (the op first: one C call)
+        if (is_weight_packed is True or is_weight_packed is False) and not _grad_enabled():   # the op first
             done = _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
                               pad_slot_id, target, _OP_PACKED if is_weight_packed else 0)
             if done is not None:

@@ -1,0 +1,84 @@
+"""gdnconv.vllm's usual decode call through its torch op against its Cython path, in one process.
+
+    python benchmarks/bench_op.py [--dims 2048 8192] [--batch 1 4] [--rounds 7]
+
+The op (``torch.ops._gdnconv``, src/csrc/torch_op.c, on torch's stable C ABI) and the core's
+Cython intake take the same call; this times both, alternated round by round, for the two
+routes that try the op: ``gdnconv.vllm.causal_conv1d_update`` with a given out (vLLM's order,
+vLLM's packed bf16 weight) and the plugin's drop-in for ``gdn_attention._causal_conv1d_update_cpu``
+(a new out, tokens last), plain and speculative decode (T = 4), in three regimes: grad mode,
+``torch.no_grad()`` and ``torch.inference_mode()`` (vLLM's steps). The state is made outside
+inference mode (as vLLM's cache); the step's tensors (x, indices, a given out) inside it in the
+inference regime, as vLLM's are. Warm (repeated calls on the same arrays), one thread, bf16,
+W = 4, SiLU; medians of the rounds, us per call.
+"""
+import argparse
+import contextlib
+import statistics
+
+import torch
+
+import gdnconv
+import gdnconv.vllm as gv
+import gdnconv.vllm_plugin as vp
+from harness import sample_ns
+
+REGIMES = {"grad": contextlib.nullcontext, "no_grad": torch.no_grad, "inference": torch.inference_mode}
+
+
+def calls(B, D, T, regime):
+    """{route: fn} of one case."""
+    L = 3 if T == 1 else 6
+    st = torch.randn(64, L, D, dtype=torch.bfloat16).transpose(1, 2)
+    w = gv.pack_weight_like_vllm(torch.randn(D, 4, dtype=torch.bfloat16))
+    with REGIMES[regime]():
+        x = torch.randn(B, D, dtype=torch.bfloat16) if T == 1 else torch.randn(B, T, D, dtype=torch.bfloat16)
+        idx = torch.randperm(64)[:B].to(torch.int32)
+        na = torch.randint(1, 4, (B,), dtype=torch.int32) if T > 1 else None
+        xv = x if T == 1 else x.transpose(1, 2)      # vLLM's (B, D, T)
+        out = torch.empty_like(xv)
+    return {
+        "vllm.py, out given": lambda: gv.causal_conv1d_update(xv, st, w, None, "silu", idx, na, out=out,
+                                                              is_weight_packed=True),
+        "plugin, new out": lambda: vp._update_op(x=x, conv_states=st, weight=w, bias=None, silu_activation=True,
+                                                 conv_state_indices=idx, is_weight_packed=True,
+                                                 num_accepted_tokens=na),
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dims", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=2000)
+    args = ap.parse_args(argv)
+    if gv._op_new is None:
+        raise SystemExit("no torch op here (not Linux, a torch without the stable ABI's functions, "
+                         "or GDNCONV_TORCH_OP=0)")
+    torch.set_num_threads(1)
+    gdnconv.set_num_threads(1)
+    ops = gv._op_new, gv._op_into
+    print(f"gdnconv {gdnconv.__version__}, isa {gdnconv.active_isa()}, torch {torch.__version__}; bf16, W=4, "
+          f"SiLU, warm, 1 thread; medians of {args.rounds} alternated rounds of {args.calls} calls, us")
+    print(f"{'regime':>9} {'D':>5} {'B':>2} {'T':>2}  {'route':20} {'op':>7} {'cython':>7} {'op/cy':>6}")
+    for regime, ctx in REGIMES.items():
+        for D in args.dims:
+            for B in args.batch:
+                for T in (1, 4):
+                    fns = calls(B, D, T, regime)
+                    times = {}
+                    with ctx():
+                        for _ in range(args.rounds):
+                            for on in (True, False):
+                                gv._op_new, gv._op_into = ops if on else (None, None)
+                                for name, fn in fns.items():
+                                    times.setdefault((name, on), []).append(sample_ns(fn, args.calls) / 1e3)
+                    gv._op_new, gv._op_into = ops
+                    for name in fns:
+                        a, b = statistics.median(times[(name, True)]), statistics.median(times[(name, False)])
+                        print(f"{regime:>9} {D:5d} {B:2d} {T:2d}  {name:20} {a:7.2f} {b:7.2f} {a / b:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
