@@ -289,8 +289,9 @@ def _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, con
     cannot read), an activation or pad_slot_id of another type, or whatever the op refuses
     (torch_op.c). An input with a pending negation bit (x, weight, bias) is resolved by torch's
     dispatcher before the op runs, so the op computes on its values (the Cython intake refuses
-    such a tensor instead). ~2 us less a call than the core's Cython intake at one to four
-    requests (benchmarks/README.md)."""
+    such a tensor instead). Under inference mode 1.0-2.3 us less a call with a new out (the
+    plugin's) than the core's Cython intake at one to four requests, about even with a given
+    out (benchmarks/bench_op.py)."""
     if (_op_new is None or type(x) is not _T or type(conv_state) is not _T or type(weight) not in _EXACT
             or type(pad_slot_id) is not int):
         return None
