@@ -309,3 +309,36 @@ def test_grad_mode_takes_new_outs_only(monkeypatch, op_calls):
             if route == "given_out":
                 out[1] = 0
             assert torch.equal(bits_t(out), bits_t(ref)) and torch.equal(bits_t(s2), bits_t(ref_st)), route
+
+
+@pytest.mark.parametrize("shrink", ["one_element", "to_zero"])
+@pytest.mark.parametrize("route", ["update_cpu", "update_torch", "prefill"])
+def test_copies_of_x_check_its_storage_first(shrink, route):
+    """The plugin's fallbacks and the prefill copy x with torch (``x.to(conv_state.dtype)``),
+    which reads past a shrunk storage: an x outside its storage is a ValueError naming it
+    first (it returned numbers read from freed memory, or crashed), nothing written."""
+    st, x0, w, b, slots, nat = _case(9, "fp32", "SD", D=64)
+    big = torch.randn(64 + 3 * 64).half()                   # fp16 x, fp32 state: the path that copies
+    x = big[64:].view(3, 64)
+    x = x[:, :, None] if route == "update_torch" else x.t() if route == "prefill" else x   # (views made first)
+    big.untyped_storage().resize_(0 if shrink == "to_zero" else (64 + 3 * 64 - 1) * 2)
+    before = st.clone()
+    with pytest.raises(ValueError, match="^x lies outside its storage"):
+        if route == "update_cpu":
+            vp._update_cpu(x, st, w, b, "silu", slots, pad_slot_id=-1)
+        elif route == "update_torch":
+            vp._update_torch(x, st[:3], w, b, "silu")
+        else:
+            gv.causal_conv1d_fn(x, w, b, st, torch.tensor([0, 1, 3], dtype=torch.int32),
+                                torch.tensor([1, 2], dtype=torch.int32), torch.tensor([False, True]))
+    assert torch.equal(st, before)
+
+
+def test_a_functorch_wrapped_x_is_a_type_error():
+    """A tensor without storage (torch.func.vmap's wrappers) is a TypeError naming it, which
+    the plugin's routing hands to vLLM's own function (it was a RuntimeError from data_ptr())."""
+    import torch.func
+    st, x, w, b, slots, nat = _case(10, "fp32", "SD", D=64)
+    with pytest.raises(TypeError, match="^x is a tensor whose memory cannot be read"):
+        torch.func.vmap(lambda xx: vp._update_op(x=xx, conv_states=st, weight=w, bias=b, silu_activation=True,
+                                                 conv_state_indices=slots, is_weight_packed=False))(x[None])

@@ -22,7 +22,10 @@
  * _update_params does, so the kernel, and its result, are the same bit for bit. What
  * the shim cannot read (a negation bit, requires_grad, inference tensors) the caller
  * checks before calling (gdnconv.vllm._op_update), and an input's negation bit the
- * dispatcher resolves before the kernel runs. */
+ * dispatcher resolves before the kernel runs. The ops are gdnconv's own (torch.ops._gdnconv),
+ * called through _op_update only: called directly with a written tensor that has a
+ * negation bit, torch's fallback for it runs the kernel on a resolved copy and then fails
+ * to copy back (the ops return no tensor), after conv_state was written. */
 #include <stdint.h>
 #include <string.h>
 

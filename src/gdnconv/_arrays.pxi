@@ -226,7 +226,11 @@ cdef object _view(object a, View *v, str name):
             v.ndim = len(shape)
             if v.ndim > 3:
                 raise ValueError(f"{name} must have at most 3 dimensions, got shape {tuple(shape)}")
-            v.ptr = <char *><uintptr_t>d.data_ptr()
+            try:
+                v.ptr = <char *><uintptr_t>d.data_ptr()
+            except RuntimeError as e:    # (a tensor without storage: torch.func's wrappers)
+                raise TypeError(f"{name} is a tensor whose memory cannot be read ({e}): pass a plain "
+                                f"torch.Tensor (outside torch.func.vmap / grad)") from None
             v.dtype = _torch_dtypes.get(d.dtype, KIND_OTHER)
             v.itemsize = 4 if v.dtype == GDN_F32 else 2 if v.dtype != KIND_OTHER else d.element_size()
             strides = d.stride()
@@ -357,15 +361,24 @@ def _tensor_values(a, name):
 cdef object _tensor_copy(object a, str name):
     """A NumPy copy of a CPU tensor's values (an array sharing its memory would not keep
     it alive; force: a zero tensor has no memory to share); refused where the tensor lies
-    outside its storage (shrunk by untyped_storage().resize_()), which .numpy() would
-    read past."""
+    outside its storage (_in_own_storage), which .numpy() would read past."""
+    _in_own_storage(a, name)
+    return np.array(a.numpy(force=True))
+
+
+def _in_own_storage(a, name):
+    """ValueError naming ``name`` where the torch tensor ``a`` lies outside its storage
+    (shrunk by untyped_storage().resize_()): torch's own copies of it (``.numpy()``,
+    ``.to()``) read past the storage's end, freed memory. For the copies gdnconv.vllm and its
+    plugin make with torch."""
+    if not _is_tensor(a):     # (also looks torch's types up on a first call)
+        return
     store = _storage(a)
     if a.numel() and type(store) is _storage_type:
         lo = a.storage_offset() * a.element_size()
         hi = lo + (1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride()))) * a.element_size()
         if hi > len(store):
             _raise_outside_storage(name, lo, hi, len(store))
-    return np.array(a.numpy(force=True))
 
 
 cdef int64_t _index_len(object src, str name) except -1:

@@ -284,14 +284,14 @@ def _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, con
     too) or None; in grad mode, a given out (there the dispatcher's autograd fallback costs
     what the op saves) or an input that requires grad (the op's output would get an autograd
     history the core's own call does not give); a written tensor (conv_state, out) that
-    requires grad, carries a
-    negation bit or is an inference tensor outside inference mode (what torch's stable ABI
-    cannot read), an activation or pad_slot_id of another type, or whatever the op refuses
-    (torch_op.c). An input with a pending negation bit (x, weight, bias) is resolved by torch's
-    dispatcher before the op runs, so the op computes on its values (the Cython intake refuses
-    such a tensor instead). Under inference mode 1.0-2.3 us less a call with a new out (the
-    plugin's) than the core's Cython intake at one to four requests, about even with a given
-    out (benchmarks/bench_op.py)."""
+    requires grad, carries a negation bit or is an inference tensor outside inference mode
+    (what torch's stable ABI cannot read); an activation or pad_slot_id of another type; or
+    whatever the op refuses (torch_op.c). An input with a pending negation bit (x, weight,
+    bias), or a zero tensor (torch._efficientzerotensor) weight or bias, torch's dispatcher
+    makes plain before the op runs, so the op computes on its values, where the Cython intake
+    refuses such a tensor (asking for resolve_neg(), or as memoryless). Under inference mode
+    1.0-2.3 us less a call with a new out (the plugin's) than the core's Cython intake at one
+    to four requests, about even with a given out (benchmarks/bench_op.py)."""
     if (_op_new is None or type(x) is not _T or type(conv_state) is not _T or type(weight) not in _EXACT
             or type(pad_slot_id) is not int):
         return None
@@ -393,7 +393,10 @@ def _float_x(x, dtype):
     """x in the state's dtype (vLLM computes on ``x.to(conv_state.dtype)``; the prefill's x is
     only read, so a converted copy is safe); dtypes the core refuses are passed on unchanged for
     its message."""
-    return x.to(dtype) if _other_float(x, dtype) else x
+    if not _other_float(x, dtype):
+        return x
+    _core._in_own_storage(x, "x")     # (before torch copies it)
+    return x.to(dtype)
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None,

@@ -199,6 +199,7 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
                                               is_weight_packed=kwargs.get("is_weight_packed", False))
         except (TypeError, ValueError):
             pass
+    gv._core._in_own_storage(x, "x")           # (before torch copies it)
     xc = x.to(conv_state.dtype, copy=True)    # vLLM computes on x.to(conv_state.dtype)
     res = gv.causal_conv1d_update(xc, conv_state, weight, bias, activation, conv_state_indices,
                                   kwargs.get("num_accepted_tokens"), query_start_loc,
@@ -215,6 +216,7 @@ def _update_torch(x, conv_state, weight, bias=None, activation=None):
     if conv_state.dim() != 3 or weight.dim() != 2 or conv_state.shape[-1] != weight.shape[-1] - 1:
         raise ValueError(f"conv_state of shape {tuple(conv_state.shape)} is not (batch, dim, width - 1) "
                          f"for weight {tuple(weight.shape)}")
+    gv._core._in_own_storage(x, "x")           # (before torch copies it)
     return gv.causal_conv1d_update(x.to(conv_state.dtype, copy=True), conv_state, weight, bias, activation)
 
 
