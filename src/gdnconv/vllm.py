@@ -306,30 +306,20 @@ def _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, con
     for t in (conv_state, x) if out is x else (conv_state,) if out is None else (conv_state, out):
         if type(t) is not _T or t.requires_grad or t.is_neg() or (not inside and t.is_inference()):
             return None
-    if bias is None:
-        bias = x
-    elif type(bias) in _EXACT:
-        flags |= _OP_BIAS
-    else:
+    # an absent bias, num_accepted_tokens or conv_state_indices: x in its place, its flag unset
+    b = x if bias is None else bias
+    nat = x if num_accepted_tokens is None else num_accepted_tokens
+    idx = x if conv_state_indices is None else conv_state_indices
+    if type(b) not in _EXACT or type(nat) is not _T or type(idx) is not _T:
         return None
-    if grad and (x.requires_grad or weight.requires_grad or bias.requires_grad):
+    if grad and (x.requires_grad or weight.requires_grad or b.requires_grad):
         return None
-    if num_accepted_tokens is None:
-        num_accepted_tokens = x
-    elif type(num_accepted_tokens) is _T:
-        flags |= _OP_ACCEPTED
-    else:
-        return None
-    if conv_state_indices is None:
-        conv_state_indices = x
-    elif type(conv_state_indices) is _T:
-        flags |= _OP_INDICES
-    else:
-        return None
+    flags |= ((0 if bias is None else _OP_BIAS) | (0 if num_accepted_tokens is None else _OP_ACCEPTED)
+              | (0 if conv_state_indices is None else _OP_INDICES))
     try:    # (the dispatcher refuses a meta or other device's tensor, before the kernel runs)
         if out is None:
-            return _op_new(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, flags, pad_slot_id)
-        if _op_into(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, out, flags, pad_slot_id):
+            return _op_new(x, conv_state, weight, b, nat, idx, flags, pad_slot_id)
+        if _op_into(x, conv_state, weight, b, nat, idx, out, flags, pad_slot_id):
             return out
     except Exception:
         pass
