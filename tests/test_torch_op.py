@@ -342,3 +342,23 @@ def test_a_functorch_wrapped_x_is_a_type_error():
     with pytest.raises(TypeError, match="^x is a tensor whose memory cannot be read"):
         torch.func.vmap(lambda xx: vp._update_op(x=xx, conv_states=st, weight=w, bias=b, silu_activation=True,
                                                  conv_state_indices=slots, is_weight_packed=False))(x[None])
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("columns", [1, 2])
+def test_a_block_table_of_slots_reads_column_0(route, columns, monkeypatch, op_calls):
+    """conv_state_indices as a (B, k) table (Mamba2's decode in vLLM passes (B, 1)): column 0 is
+    each request's slot, as gdnconv.vllm reads it. The op takes a (B, 1) table (its column is
+    contiguous) and leaves a wider one to the full path: the same bits either way."""
+    def make():
+        st, x, w, b, slots, nat = _case(11, "bf16", "SD", D=64)
+        table = torch.stack([slots] + [slots.flip(0)] * (columns - 1), 1)
+        return st, x, w, b, table, nat
+
+    out, st, ref_out, ref_st = _both(monkeypatch, route, make)
+    assert op_calls == [True] if columns == 1 else True not in op_calls
+    assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))
+    st0, x, w, b, slots, nat = _case(11, "bf16", "SD", D=64)
+    st1 = st0.clone()
+    one = _call(route, st1, x.clone(), w, b, slots, nat)
+    assert torch.equal(bits_t(out), bits_t(one)) and torch.equal(bits_t(st), bits_t(st1))

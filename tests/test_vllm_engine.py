@@ -64,6 +64,14 @@ def routed(result, *sites):
         assert all(c["fallback"] == 0 for c in counters.values()), counters
 
 
+def took_the_op(result):
+    """On Linux the plugin's decode calls went through gdnconv's torch op (src/csrc/torch_op.c),
+    which refused none of them: vLLM's usual call is what the op takes."""
+    if sys.platform.startswith("linux"):
+        assert result["op"] is not None and result["op"]["taken"] > 0, result["op"]
+        assert result["op"]["refused"] == 0, result["op"]
+
+
 def gdn_sites():
     """The sites (decode, prefill) through which vLLM's GDN layer calls its conv on this CPU:
     the wrappers of its C++ op where it runs that op (gdn_attention.py's ``use_cpp_conv``:
@@ -79,6 +87,7 @@ def test_qwen3_next_tokens_identical_with_the_plugin(checkpoints):
     assert_same_greedy(on, off)
     assert len({t for seq in on["tokens"] for t in seq}) > 8, "a random checkpoint gives varied tokens"
     routed(on, *gdn_sites())
+    took_the_op(on)
     assert off["workers"] == [{}] or all(not c for c in off["workers"]), "GDNCONV_VLLM=0 routes nothing"
 
 
@@ -101,6 +110,7 @@ def test_mamba2_tokens_identical_with_the_plugin(checkpoints):
     on, off = run(checkpoints, "mamba2"), run(checkpoints, "mamba2", plugin=False)
     assert_same_greedy(on, off)
     routed(on, "conv.update", "conv.prefill")
+    took_the_op(on)
 
 
 def test_tensor_parallel_workers_each_route_their_shard(checkpoints):

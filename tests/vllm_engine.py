@@ -78,6 +78,26 @@ def _time_conv_sites():
     return spent
 
 
+def _count_ops():
+    """With the engine in this process (tp=1): how many calls gdnconv's torch op (gdnconv.vllm's
+    _op_new / _op_into) took and refused from now on, or None where this process has no op."""
+    import gdnconv.vllm as gv
+    if gv._op_new is None:
+        return None
+    counts = {"taken": 0, "refused": 0}
+
+    def counted(op, took):
+        def call(*args):
+            r = op(*args)
+            counts["taken" if took(r) else "refused"] += 1
+            return r
+        return call
+
+    gv._op_new = counted(gv._op_new, lambda r: r is not None)
+    gv._op_into = counted(gv._op_into, bool)
+    return counts
+
+
 def _worker_counters(worker):
     """Runs in each worker process (LLM.collective_rpc): gdnconv's counters and conv time there."""
     try:
@@ -128,6 +148,7 @@ def main(argv=None):
         rpc(lambda worker: gv.reset_counters())
     gv.reset_counters()
     spent = _time_conv_sites() if args.tp == 1 else [None]      # the model runs in this process
+    ops = _count_ops() if args.tp == 1 and os.environ.get("GDNCONV_VLLM") != "0" else None
     t0 = time.perf_counter()
     outs = llm.generate(prompts, sp)
     seconds = time.perf_counter() - t0
@@ -137,7 +158,7 @@ def main(argv=None):
     print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs], "logprobs": logprobs,
                       "tokens_per_s": args.prompts * args.tokens / seconds,
                       "conv_share": None if spent[0] is None else spent[0] / seconds,
-                      "workers": counters, "local": local}), flush=True)
+                      "workers": counters, "local": local, "op": ops}), flush=True)
     return 0
 
 

@@ -15,7 +15,8 @@
  *
  * What the ops take: exactly gdnconv.vllm's usual decode call (plain or speculative,
  * x (B, D) or 3-D, conv_state (S, D, L), weights in x's dtype or float32, int32 index
- * arrays) on CPU tensors, every view inside its storage, what is written (conv_state,
+ * arrays, conv_state_indices also as a (B, k) table whose column 0 is contiguous) on CPU
+ * tensors, every view inside its storage, what is written (conv_state,
  * out) apart from everything else by address range. Anything else they refuse (a None
  * result, or 0), before any write, and the caller runs its full path, which gives
  * that call's result or its error. They fill gdn_update_params as the Cython layer's
@@ -205,9 +206,13 @@ static int update(const StableIValue *s, int into, AtenTensorHandle *new_out) {
         (has_bias && (b->ndim != 1 || b->shape[0] != D)) || x->shape[x->ndim - 1] != D ||
         x->strides[x->ndim - 1] != 1 || st->shape[2] != D)
         return 0;
+    /* int32 (B,) arrays; conv_state_indices may be a (B, k) table of which column 0 is read
+     * (vLLM's convention, gdnconv.vllm's _first; Mamba2's decode passes (B, 1)) */
     for (int i = ACCEPTED; i <= INDICES; i++)
-        if (i == ACCEPTED ? has_nat : has_idx)
-            if (v[i].ndim != 1 || v[i].shape[0] != B || (B > 1 && v[i].strides[0] != 1)) return 0;
+        if ((i == ACCEPTED ? has_nat : has_idx) &&
+            ((v[i].ndim != 1 && (i != INDICES || v[i].ndim != 2)) || v[i].shape[0] != B ||
+             (B > 1 && v[i].strides[0] != 1)))
+            return 0;
     if (!has_idx && B > S) return 0;
     /* what is written: every element its own memory, apart from what the call reads */
     int out_is_x = 0;
