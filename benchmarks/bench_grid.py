@@ -48,8 +48,8 @@ then --rounds interleaved rounds (the order of the peers rotates from round to r
 medians; the table gives the ratios of the medians and the largest interquartile range
 of the case's samples, the summary the worst ratios against the issue's targets. Every peer
 is timed under torch.inference_mode(), as vLLM's worker runs its steps, on arrays made
-outside it, as vLLM's caches are (stops before 52 timed in grad mode: gdnconv's torch op,
-gdnconv.vllm's first try since stop 52, then pays the autograd fallback of a custom op).
+outside it, as vLLM's caches are (stops before 52 timed in grad mode, where every torch call,
+vLLM's op and gdnconv's torch op included, also goes through autograd's dispatch).
 """
 import argparse
 import csv
