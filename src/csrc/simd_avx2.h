@@ -262,13 +262,14 @@ GDN_INLINE void vsilu_n(V *y, const int n, const int dt) {
  * each take a cycle of one port, an immediate blend a third, an in-lane shuffle half
  * (benchmarks/README.md, stop 50).
  * 16-bit: sixteen channels at a time, eight per 128-bit lane (the line's two halves, whose
- * blocks are 16 sd bytes apart, each the same pattern): in, the block's 16-byte chunk m of
- * both halves is one register, and row k is the OR over m of one byte shuffle (vpshufb,
- * within lanes) of chunk m, whose indices pick row k's words from that chunk and zero the
- * rest; out, block chunk m of both halves is the OR over k of one byte shuffle of row k
- * (16 words: a half per lane). R sd shuffles per 16 channels each way, where the dword
- * gathers took 3 R sd operations per 8 channels; at sd = 4 (two channels a chunk) a 4x4
- * word transposition per channel pair by unpacks instead (12 in, 8 out). AVX2 has no
+ * blocks are 16 sd bytes apart, each the same pattern): the block's 16-byte chunk m of both
+ * halves is one register. sd 2, 3, 5, 6, 7: the fp32 merges above on the words of each
+ * 128-bit lane (one immediate word blend serves both halves), each merge put in place by
+ * one byte shuffle (vpshufb, within lanes): sd = 3, R = 3, 6 blends and 3 shuffles each
+ * way per 16 channels. sd = 8: row k is the OR over m of one byte shuffle of chunk m that
+ * picks row k's words and zeroes the rest, and back chunk m the OR over k of one of row k
+ * (R sd shuffles each way). sd = 4 (two channels a chunk): a 4x4 word transposition per
+ * channel pair by unpacks (12 in, 8 out). AVX2 has no
  * 16-bit masked store: where the block has gaps (R < sd: transformers' view, padding),
  * each chunk goes by two dword-masked stores, of its dwords whose two words are both
  * written and of the same from 2 bytes before (the chunk shifted a word up, the previous
@@ -282,10 +283,14 @@ typedef struct {
     __m256i keep[GDN_MAX_WIDTH];   /* fp32 out: lanes stored */
     __m256i inv[GDN_MAX_WIDTH][2]; /* fp32 out, merged sd: row k's permute for channel set h (TC_SET), lane i <-
                                       its channel j with j*sd + k = i mod 8 */
-    /* 16-bit in: [k][m], row k's bytes from chunk m; out: [m][k], chunk m's bytes from row k
+    /* 16-bit, sd = 8, in: [k][m], row k's bytes from chunk m; out: [m][k], chunk m's bytes from row k
      * (0x80: zero); the same 16 indices in both lanes; built with vector operations (byte by
      * byte, building it took half of tc_load's and tc_save's time) */
     __m256i shuf[GDN_MAX_WIDTH][GDN_MAX_WIDTH];
+    /* 16-bit, the lane merges (sd 2, 3, 5, 6, 7): in, row k's byte shuffle of its merged
+     * chunks (word j <- word (j*sd + k) mod 8); out, row k's per channel set h (TC_SET), word
+     * i <- its channel j with j*sd + k = i mod 8 (the words of inv, as byte pairs) */
+    __m256i perm16[GDN_MAX_WIDTH][2];
     /* 16-bit out, 2 <= R < sd: chunk m's dwords (vpmaskmovd lanes) whose two words are both
      * written, on grid g: words (2d, 2d + 1) of the chunk (g = 0), or the chunk shifted a
      * word up, its words (2d - 1, 2d) (g = 1) */
@@ -307,7 +312,8 @@ GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
             const __m256i el = _mm256_add_epi16(_mm256_mullo_epi16(tc_lane_words(), _mm256_set1_epi16((short)sd)),
                                                 _mm256_set1_epi16((short)k));
             const __m256i chunk = _mm256_srli_epi16(el, 3), pos = _mm256_and_si256(el, _mm256_set1_epi16(7));
-            for (int m = 0; m < sd; m++)
+            t->perm16[k][0] = tc_word_shuf(pos, _mm256_set1_epi16(-1));
+            for (int m = 0; m < sd && sd == 8; m++)
                 t->shuf[k][m] = tc_word_shuf(pos, _mm256_cmpeq_epi16(chunk, _mm256_set1_epi16((short)m)));
         }
         return;
@@ -325,7 +331,7 @@ GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) 
             const __m256i el = _mm256_add_epi16(tc_lane_words(), _mm256_set1_epi16((short)(8 * m)));
             const __m256i ch = _mm256_mulhi_epu16(el, magic16);   /* (el < 64: exact, as said above) */
             const __m256i row = _mm256_sub_epi16(el, _mm256_mullo_epi16(ch, _mm256_set1_epi16((short)sd)));
-            for (int k = 0; k < sd && sd != 4; k++)   /* (rows from R on: tc_out shuffles zeros; sd = 4: unpacks) */
+            for (int k = 0; k < sd && sd == 8; k++)   /* (rows from R on: tc_out shuffles zeros; sd = 4: unpacks) */
                 t->shuf[m][k] = tc_word_shuf(ch, _mm256_cmpeq_epi16(row, _mm256_set1_epi16((short)k)));
             /* R < sd: the words written (rows < R), shifted a word up on grid 1 */
             const __m128i wr = _mm_cmpgt_epi16(_mm_set1_epi16((short)R), _mm256_castsi256_si128(row));
@@ -334,6 +340,17 @@ GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) 
                 t->pairs[g][m] = _mm_and_si128(w, _mm_shufflehi_epi16(_mm_shufflelo_epi16(w, 0xb1), 0xb1));
             }
             prev = wr;
+        }
+        for (int k = 0; k < R && sd != 4 && sd != 8; k++) {   /* the lane merges' inverse (as inv below) */
+            const __m256i d = _mm256_sub_epi16(tc_lane_words(), _mm256_set1_epi16((short)k));
+            for (int h = 0; h < (sd & 1 ? 1 : 2); h++) {   /* (TC_SETS) */
+                const __m256i j = sd & 1 ? _mm256_mullo_epi16(d, _mm256_set1_epi16((short)sd))
+                                         : _mm256_add_epi16(_mm256_set1_epi16((short)(4 * h)),
+                                                            _mm256_and_si256(_mm256_mullo_epi16(_mm256_srai_epi16(d, 1),
+                                                                                                _mm256_set1_epi16((short)(sd / 2))),
+                                                                             _mm256_set1_epi16(3)));
+                t->perm16[k][h] = tc_word_shuf(_mm256_and_si256(j, _mm256_set1_epi16(7)), _mm256_set1_epi16(-1));
+            }
         }
         return;
     }
@@ -372,22 +389,26 @@ GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { return e == 4
     ((M) < (SD) && (K) < (SD) && (H) < TC_SETS(SD)                                            \
          ? ((SD) & 1 ? TC_LANES4(SD, K, M, 0) | TC_LANES4(SD, K, M, 1) : TC_LANES4(SD, K, M, H)) \
          : 0)
+/* the merges: fp32 lanes of a 256-bit vector; 16-bit, words of each 128-bit lane (the two
+ * halves of a 16-bit line, which have the same pattern) */
 #define TC_MERGE(r, s, MASK) \
     if (MASK) r = _mm256_blend_epi32(r, s, MASK);
-/* in: r <- block vectors v merged where row K's elements of channel set H lie */
-#define TC_SET_ROW(r, SD, K, H)                                                                                 \
+#define TC_MERGE16(r, s, MASK) \
+    if (MASK) r = _mm256_blend_epi16(r, s, MASK);
+/* in: r <- block vectors v merged (by MERGE) where row K's elements of channel set H lie */
+#define TC_SET_ROW(r, SD, K, H, MERGE)                                                                          \
     r = v[0];                                                                                                  \
-    TC_MERGE(r, v[1], TC_SET(SD, K, 1, H)) TC_MERGE(r, v[2], TC_SET(SD, K, 2, H))                              \
-    TC_MERGE(r, v[3], TC_SET(SD, K, 3, H)) TC_MERGE(r, v[4], TC_SET(SD, K, 4, H))                              \
-    TC_MERGE(r, v[5], TC_SET(SD, K, 5, H)) TC_MERGE(r, v[6], TC_SET(SD, K, 6, H))
+    MERGE(r, v[1], TC_SET(SD, K, 1, H)) MERGE(r, v[2], TC_SET(SD, K, 2, H))                                    \
+    MERGE(r, v[3], TC_SET(SD, K, 3, H)) MERGE(r, v[4], TC_SET(SD, K, 4, H))                                    \
+    MERGE(r, v[5], TC_SET(SD, K, 5, H)) MERGE(r, v[6], TC_SET(SD, K, 6, H))
 /* row K: each set's merge permuted to channel order (two sets: lanes 0-3 from the first) */
 #define TC_MERGED_ROW(SD, K)                                                                                   \
     if (K < R) {                                                                                               \
         __m256i r0, r1;                                                                                        \
-        TC_SET_ROW(r0, SD, K, 0)                                                                               \
+        TC_SET_ROW(r0, SD, K, 0, TC_MERGE)                                                                            \
         __m256i row = _mm256_permutevar8x32_epi32(r0, t->idx[K]);                                              \
         if (TC_SETS(SD) == 2) {                                                                                \
-            TC_SET_ROW(r1, SD, K, 1)                                                                           \
+            TC_SET_ROW(r1, SD, K, 1, TC_MERGE)                                                                        \
             row = _mm256_blend_epi32(row, _mm256_permutevar8x32_epi32(r1, t->idx[K]), 0xf0);                   \
         }                                                                                                      \
         _mm256_storeu_si256((__m256i *)(dst + K * bs), row);                                                   \
@@ -400,12 +421,16 @@ GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { return e == 4
     } while (0)
 /* out: block vector M <- the rows permuted per channel set, p[k][h], merged where each
  * row's elements of each set lie (rows from R on are zero, and their lanes not stored) */
-#define TC_MERGE_K(r, SD, K, M) TC_MERGE(r, p[K][0], K ? TC_SET(SD, K, M, 0) : 0) TC_MERGE(r, p[K][1], TC_SET(SD, K, M, 1))
+#define TC_MERGE_K(r, SD, K, M, MERGE) MERGE(r, p[K][0], K ? TC_SET(SD, K, M, 0) : 0) MERGE(r, p[K][1], TC_SET(SD, K, M, 1))
+#define TC_MERGE_ROWS(r, SD, M, MERGE)                                                                         \
+    r = p[0][0];                                                                                               \
+    TC_MERGE_K(r, SD, 0, M, MERGE) TC_MERGE_K(r, SD, 1, M, MERGE) TC_MERGE_K(r, SD, 2, M, MERGE)               \
+    TC_MERGE_K(r, SD, 3, M, MERGE) TC_MERGE_K(r, SD, 4, M, MERGE) TC_MERGE_K(r, SD, 5, M, MERGE)               \
+    TC_MERGE_K(r, SD, 6, M, MERGE)
 #define TC_MERGED_VEC(SD, M)                                                                                   \
     if (M < SD) {                                                                                              \
-        __m256i r = p[0][0];                                                                                   \
-        TC_MERGE_K(r, SD, 0, M) TC_MERGE_K(r, SD, 1, M) TC_MERGE_K(r, SD, 2, M) TC_MERGE_K(r, SD, 3, M)        \
-        TC_MERGE_K(r, SD, 4, M) TC_MERGE_K(r, SD, 5, M) TC_MERGE_K(r, SD, 6, M)                                \
+        __m256i r;                                                                                             \
+        TC_MERGE_ROWS(r, SD, M, TC_MERGE)                                                                      \
         if (R == SD) _mm256_storeu_si256((__m256i *)(dst + 32 * M), r);                                        \
         else _mm256_maskstore_epi32((int *)(dst + 32 * M), t->keep[M], r);                                     \
     }
@@ -418,6 +443,38 @@ GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { return e == 4
                                 : _mm256_setzero_si256();                                                      \
         TC_MERGED_VEC(SD, 0) TC_MERGED_VEC(SD, 1) TC_MERGED_VEC(SD, 2) TC_MERGED_VEC(SD, 3)                    \
         TC_MERGED_VEC(SD, 4) TC_MERGED_VEC(SD, 5) TC_MERGED_VEC(SD, 6)                                         \
+    } while (0)
+
+/* 16-bit, sd 2, 3, 5, 6, 7: the same merges on the words of each 128-bit lane (a line's two
+ * halves, with the same pattern: one immediate serves both), each merge's words put in
+ * place by one byte shuffle. in: row K of the line's 16 channels from its chunks v */
+#define TC_MERGED_ROW16(SD, K)                                                                                 \
+    if (K < R) {                                                                                               \
+        __m256i r0, r1;                                                                                        \
+        TC_SET_ROW(r0, SD, K, 0, TC_MERGE16)                                                                   \
+        __m256i row = _mm256_shuffle_epi8(r0, t->perm16[K][0]);                                                \
+        if (TC_SETS(SD) == 2) {                                                                                \
+            TC_SET_ROW(r1, SD, K, 1, TC_MERGE16)                                                               \
+            row = _mm256_blend_epi16(row, _mm256_shuffle_epi8(r1, t->perm16[K][0]), 0xf0);                     \
+        }                                                                                                      \
+        _mm256_storeu_si256((__m256i *)(dst + K * bs), row);                                                   \
+    }
+#define TC_MERGED_IN16(SD)                                                                                     \
+    do {                                                                                                       \
+        TC_MERGED_ROW16(SD, 0) TC_MERGED_ROW16(SD, 1) TC_MERGED_ROW16(SD, 2) TC_MERGED_ROW16(SD, 3)            \
+        TC_MERGED_ROW16(SD, 4) TC_MERGED_ROW16(SD, 5) TC_MERGED_ROW16(SD, 6)                                   \
+    } while (0)
+/* out: chunk M of both halves, r[M], from rows v (those from R on zero) shuffled per set */
+#define TC_MERGED_CHUNK16(SD, M) \
+    if (M < SD) { TC_MERGE_ROWS(r[M], SD, M, TC_MERGE16) }
+#define TC_MERGED_CHUNKS16(SD)                                                                                 \
+    do {                                                                                                       \
+        __m256i p[GDN_MAX_WIDTH][2];                                                                           \
+        for (int k = 0; k < SD; k++)                                                                           \
+            for (int h = 0; h < TC_SETS(SD); h++)                                                              \
+                p[k][h] = k < R ? _mm256_shuffle_epi8(v[k], t->perm16[k][h]) : _mm256_setzero_si256();         \
+        TC_MERGED_CHUNK16(SD, 0) TC_MERGED_CHUNK16(SD, 1) TC_MERGED_CHUNK16(SD, 2) TC_MERGED_CHUNK16(SD, 3)    \
+        TC_MERGED_CHUNK16(SD, 4) TC_MERGED_CHUNK16(SD, 5) TC_MERGED_CHUNK16(SD, 6)                             \
     } while (0)
 
 /* fp32, sd = 4: rows k < R from the four 128-bit lanes' channels (a 4x4 transposition in
@@ -452,7 +509,15 @@ GDN_INLINE __m256i tc_shuffle_or(const __m256i *v, const int n, const __m256i *s
 /* 16-bit out: the sd chunks r[m] of a line (both halves) from rows v[k] (n of them
  * shuffled; those from R on are zero); at sd = 4 a 4x4 word transposition per channel
  * pair by unpacks (8 where the shuffles take 12-16 and 9-12 ORs) */
-GDN_INLINE void tc_chunks(__m256i *r, const __m256i *v, const int sd, const int n, const tc_plan *t) {
+GDN_INLINE void tc_chunks(__m256i *r, const __m256i *v, const int sd, const int n, const int R, const tc_plan *t) {
+    switch (sd) {
+    case 2: TC_MERGED_CHUNKS16(2); return;
+    case 3: TC_MERGED_CHUNKS16(3); return;
+    case 5: TC_MERGED_CHUNKS16(5); return;
+    case 6: TC_MERGED_CHUNKS16(6); return;
+    case 7: TC_MERGED_CHUNKS16(7); return;
+    default: break;
+    }
     if (sd == 4) {
         const __m256i a0 = _mm256_unpacklo_epi16(v[0], v[1]), a1 = _mm256_unpackhi_epi16(v[0], v[1]);
         const __m256i b0 = _mm256_unpacklo_epi16(v[2], v[3]), b1 = _mm256_unpackhi_epi16(v[2], v[3]);
@@ -482,6 +547,14 @@ GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, cons
             if (R > 2) _mm256_storeu_si256((__m256i *)(dst + 2 * bs), _mm256_unpacklo_epi64(b1, b3));
             if (R > 3) _mm256_storeu_si256((__m256i *)(dst + 3 * bs), _mm256_unpackhi_epi64(b1, b3));
             return;
+        }
+        switch (sd) {
+        case 2: TC_MERGED_IN16(2); return;
+        case 3: TC_MERGED_IN16(3); return;
+        case 5: TC_MERGED_IN16(5); return;
+        case 6: TC_MERGED_IN16(6); return;
+        case 7: TC_MERGED_IN16(7); return;
+        default: break;
         }
 #pragma GCC unroll 8
         for (int k = 0; k < R; k++) _mm256_storeu_si256((__m256i *)(dst + k * bs), tc_shuffle_or(v, sd, t->shuf[k]));
@@ -518,7 +591,7 @@ GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, in
         if (R == sd) {
 #pragma GCC unroll 8
             for (int k = 0; k < sd; k++) v[k] = _mm256_loadu_si256((const __m256i *)(src + k * bs));
-            tc_chunks(r, v, sd, sd, t);
+            tc_chunks(r, v, sd, sd, R, t);
 #pragma GCC unroll 8
             for (int m = 0; m < sd; m++) {
                 _mm_storeu_si128((__m128i *)(dst + 16 * m), _mm256_castsi256_si128(r[m]));
@@ -528,7 +601,7 @@ GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, in
         }
 #pragma GCC unroll 8
         for (int k = 0; k < sd; k++) v[k] = k < R ? _mm256_loadu_si256((const __m256i *)(src + k * bs)) : _mm256_setzero_si256();
-        tc_chunks(r, v, sd, sd - 1, t);   /* R < sd (tc_out_ok: R >= 2) */
+        tc_chunks(r, v, sd, sd - 1, R, t);   /* R < sd (tc_out_ok: R >= 2) */
 #pragma GCC unroll 8
         for (int m = 0; m < sd; m++) {
             const __m256i s1 = _mm256_alignr_epi8(r[m], m ? r[m - 1] : _mm256_setzero_si256(), 14);
