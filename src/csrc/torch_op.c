@@ -22,9 +22,9 @@
  * that call's result or its error. They fill gdn_update_params as the Cython layer's
  * _update_params does, so the kernel, and its result, are the same bit for bit. What
  * the shim cannot read (a negation bit, requires_grad, inference tensors) the caller
- * checks before calling (gdnconv.vllm._op_update), and an input's negation bit the
+ * checks before calling (_core._op_update, _runtime.pxi), and an input's negation bit the
  * dispatcher resolves before the kernel runs. The ops are gdnconv's own (torch.ops._gdnconv),
- * called through _op_update only: called directly with a written tensor that has a
+ * called through _core._op_update only: called directly with a written tensor that has a
  * negation bit, torch's fallback for it runs the kernel on a resolved copy and then fails
  * to copy back (the ops return no tensor), after conv_state was written. */
 #include <stdint.h>

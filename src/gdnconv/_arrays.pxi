@@ -85,6 +85,7 @@ cdef object _tensor_type = None    # torch.Tensor
 cdef object _parameter_type = None # torch.nn.Parameter
 cdef object _storage_type = None   # torch.UntypedStorage
 cdef object _inference_mode = None # torch.is_inference_mode_enabled
+cdef object _grad_enabled = None   # torch.is_grad_enabled
 cdef dict _torch_dtypes = {}       # torch dtype -> gdn dtype code
 cdef gdn_dl_from_py _dl_from_py = NULL   # torch's DLPack exchange entry (see gdn_dl_exchange_api)
 
@@ -94,7 +95,7 @@ cdef inline bint _is_tensor(object a):
     once: per argument, sys.modules (torch not imported) or torch.Tensor cost a D=64
     call with out= 0.93 -> 0.66 us from NumPy (1.10 -> 0.65 with torch imported) and
     2.95 -> 2.69 us from torch tensors."""
-    global _torch, _tensor_type, _parameter_type, _storage_type, _dl_from_py, _inference_mode
+    global _torch, _tensor_type, _parameter_type, _storage_type, _dl_from_py, _inference_mode, _grad_enabled
     if a is None or cnp.PyArray_Check(a):
         return False
     if _tensor_type is None:
@@ -110,6 +111,7 @@ cdef inline bint _is_tensor(object a):
                 _dl_from_py = ex.dltensor_from_py_object_no_sync
         _storage_type = mod.UntypedStorage
         _inference_mode = mod.is_inference_mode_enabled
+        _grad_enabled = mod.is_grad_enabled
         _parameter_type = mod.nn.Parameter
         _tensor_type = mod.Tensor
     return isinstance(a, _tensor_type)

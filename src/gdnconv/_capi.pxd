@@ -99,5 +99,10 @@ cdef extern from "memory.h" nogil:
     int64_t gdn_block_cache_held()
 
 cdef extern from "torch_op.h" nogil:
+    enum:
+        GDN_OP_SILU
+        GDN_OP_BIAS
+        GDN_OP_ACCEPTED
+        GDN_OP_INDICES
     int gdn_torch_op_init(const char *libtorch_path)
     void gdn_torch_op_threads(int request)

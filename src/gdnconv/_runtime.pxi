@@ -131,6 +131,77 @@ def _torch_op_init(libtorch_path):
     return rc
 
 
+cdef inline bint _op_writable(object t, bint inside):
+    """A tensor the op may write: exactly a torch.Tensor, no grad required, no negation bit,
+    not an inference tensor outside inference mode (what torch's stable ABI cannot read)."""
+    return (type(t) is _tensor_type and not t.requires_grad and not t.is_neg()
+            and (inside or not t.is_inference()))
+
+
+def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
+               pad_slot_id, out, int flags):
+    """gdnconv.vllm's usual decode call through the torch ops ``op_new`` / ``op_into``
+    (``torch.ops._gdnconv.update_new`` / ``update_into``, src/csrc/torch_op.c; None: no op
+    here): ``out`` None (into a new tensor, which it returns) or given, ``flags`` the
+    GDN_OP_* of the call's layout (tokens last, packed weight, skipped rows from x).
+    Returns the result, or None where the op does not take the call, before anything is
+    written: no op; an argument not a plain torch.Tensor (an nn.Parameter weight or bias
+    too) or None; in grad mode, a given out (there the dispatcher's autograd fallback costs
+    what the op saves) or an input that requires grad (the op's output would get an
+    autograd history the core's own call does not give); a written tensor (conv_state, out)
+    that requires grad, carries a negation bit or is an inference tensor outside inference
+    mode; an activation or pad_slot_id of another type; or whatever the op refuses. An input
+    with a pending negation bit (x, weight, bias), or a zero tensor
+    (torch._efficientzerotensor) weight or bias, torch's dispatcher makes plain before the
+    op runs, so the op computes on its values, where the Cython intake refuses such a
+    tensor (asking for resolve_neg(), or as memoryless). These checks in Cython rather than
+    Python: ~0.4 us less a call (benchmarks/README.md, stop 53)."""
+    if op_new is None or not _is_tensor(x):
+        return None
+    if (type(x) is not _tensor_type or type(conv_state) is not _tensor_type or type(pad_slot_id) is not int
+            or (type(weight) is not _tensor_type and type(weight) is not _parameter_type)):
+        return None
+    cdef bint grad = _grad_enabled()
+    if grad and out is not None:     # (asked first: the checks below cost what the op would save)
+        return None
+    if activation is True or (type(activation) is str and (activation == "silu" or activation == "swish")):
+        flags |= GDN_OP_SILU
+    elif activation is not None and activation is not False:
+        return None
+    cdef bint inside = _inference_mode()    # (inside inference mode any tensor may be written)
+    if not _op_writable(conv_state, inside):
+        return None
+    if out is not None and not _op_writable(out, inside):   # (out is x: x too)
+        return None
+    # an absent bias, num_accepted_tokens or conv_state_indices: x in its place, its flag unset
+    b, nat, idx = x, x, x
+    if bias is not None:
+        b = bias
+        flags |= GDN_OP_BIAS
+        if type(b) is not _tensor_type and type(b) is not _parameter_type:
+            return None
+    if num_accepted_tokens is not None:
+        nat = num_accepted_tokens
+        flags |= GDN_OP_ACCEPTED
+        if type(nat) is not _tensor_type:
+            return None
+    if conv_state_indices is not None:
+        idx = conv_state_indices
+        flags |= GDN_OP_INDICES
+        if type(idx) is not _tensor_type:
+            return None
+    if grad and (x.requires_grad or weight.requires_grad or b.requires_grad):
+        return None
+    try:    # (the dispatcher refuses a meta or other device's tensor, before the kernel runs)
+        if out is None:
+            return op_new(x, conv_state, weight, b, nat, idx, flags, pad_slot_id)
+        if op_into(x, conv_state, weight, b, nat, idx, out, flags, pad_slot_id):
+            return out
+    except Exception:
+        pass
+    return None
+
+
 def set_out_cache_bytes(nbytes):
     """Set how many bytes of freed large outputs gdnconv keeps for reuse (default 256
     MiB); returns the previous limit. ``0`` turns reuse off and releases what is kept.

@@ -250,10 +250,9 @@ def _weights(weight, bias, dtype):
     return weight, bias
 
 
-# ---- the usual decode call as one torch op (src/csrc/torch_op.c) ----
+# ---- the usual decode call as one torch op (src/csrc/torch_op.c; its checks: _core._op_update) ----
 
-_OP_SILU, _OP_TOKENS_LAST, _OP_PACKED, _OP_SKIPPED_FROM_X = 1, 2, 4, 8     # torch_op.h's GDN_OP_*
-_OP_BIAS, _OP_ACCEPTED, _OP_INDICES = 16, 32, 64
+_OP_TOKENS_LAST, _OP_PACKED, _OP_SKIPPED_FROM_X = 2, 4, 8     # torch_op.h's GDN_OP_* of the call's layout
 
 
 def _load_ops():
@@ -270,60 +269,7 @@ def _load_ops():
 
 
 _op_new, _op_into = _load_ops()
-_T = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
-_inference_mode = torch.is_inference_mode_enabled
-
-
-def _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices, pad_slot_id,
-               out, flags):
-    """The core's update through the torch op: ``out`` (None: into a new tensor, which it
-    returns), ``flags`` the GDN_OP_* of the call's layout (tokens last, skipped rows from x).
-    Returns the result, or None where the op does not take the call, before anything is
-    written: no op here, an argument not a plain torch.Tensor (an nn.Parameter weight or bias
-    too) or None; in grad mode, a given out (there the dispatcher's autograd fallback costs
-    what the op saves) or an input that requires grad (the op's output would get an autograd
-    history the core's own call does not give); a written tensor (conv_state, out) that
-    requires grad, carries a negation bit or is an inference tensor outside inference mode
-    (what torch's stable ABI cannot read); an activation or pad_slot_id of another type; or
-    whatever the op refuses (torch_op.c). An input with a pending negation bit (x, weight,
-    bias), or a zero tensor (torch._efficientzerotensor) weight or bias, torch's dispatcher
-    makes plain before the op runs, so the op computes on its values, where the Cython intake
-    refuses such a tensor (asking for resolve_neg(), or as memoryless). Under inference mode
-    1.0-2.3 us less a call with a new out (the plugin's) than the core's Cython intake at one
-    to four requests, about even with a given out (benchmarks/bench_op.py)."""
-    if (_op_new is None or type(x) is not _T or type(conv_state) is not _T or type(weight) not in _EXACT
-            or type(pad_slot_id) is not int):
-        return None
-    grad = _grad_enabled()
-    if grad and out is not None:     # (asked first: the checks below cost what the op would save)
-        return None
-    if activation is True or (type(activation) is str and (activation == "silu" or activation == "swish")):
-        flags |= _OP_SILU
-    elif activation is not None and activation is not False:
-        return None
-    inside = _inference_mode()    # (inside inference mode any tensor may be written)
-    for t in (conv_state, x) if out is x else (conv_state,) if out is None else (conv_state, out):
-        if type(t) is not _T or t.requires_grad or t.is_neg() or (not inside and t.is_inference()):
-            return None
-    # an absent bias, num_accepted_tokens or conv_state_indices: x in its place, its flag unset
-    b = x if bias is None else bias
-    nat = x if num_accepted_tokens is None else num_accepted_tokens
-    idx = x if conv_state_indices is None else conv_state_indices
-    if type(b) not in _EXACT or type(nat) is not _T or type(idx) is not _T:
-        return None
-    if grad and (x.requires_grad or weight.requires_grad or b.requires_grad):
-        return None
-    flags |= ((0 if bias is None else _OP_BIAS) | (0 if num_accepted_tokens is None else _OP_ACCEPTED)
-              | (0 if conv_state_indices is None else _OP_INDICES))
-    try:    # (the dispatcher refuses a meta or other device's tensor, before the kernel runs)
-        if out is None:
-            return _op_new(x, conv_state, weight, b, nat, idx, flags, pad_slot_id)
-        if _op_into(x, conv_state, weight, b, nat, idx, out, flags, pad_slot_id):
-            return out
-    except Exception:
-        pass
-    return None
 
 
 # ---- index conventions ----
@@ -447,8 +393,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
         if (is_weight_packed is True or is_weight_packed is False) and not _grad_enabled():   # the op first
-            done = _op_update(x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-                              pad_slot_id, target, _OP_PACKED if is_weight_packed else 0)
+            done = _core._op_update(_op_new, _op_into, x, conv_state, weight, bias, activation, num_accepted_tokens,
+                                    conv_state_indices, pad_slot_id, target, _OP_PACKED if is_weight_packed else 0)
             if done is not None:
                 return done
         try:

@@ -111,8 +111,9 @@ def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indi
     gv = _gv or _vllm_adapters()
     weight, bias = gv._plain(weight), gv._plain(bias)   # (once, for the tries and the full path)
     if (is_weight_packed is True or is_weight_packed is False) and not gv._is_compiling():   # as one torch op
-        out = gv._op_update(x, conv_states, weight, bias, silu_activation, num_accepted_tokens, conv_state_indices,
-                            gv.PAD_SLOT_ID, None, gv._OP_TOKENS_LAST | (gv._OP_PACKED if is_weight_packed else 0))
+        out = gv._core._op_update(gv._op_new, gv._op_into, x, conv_states, weight, bias, silu_activation,
+                                  num_accepted_tokens, conv_state_indices, gv.PAD_SLOT_ID, None,
+                                  gv._OP_TOKENS_LAST | (gv._OP_PACKED if is_weight_packed else 0))
         if out is not None:
             return out
     try:     # the usual call, as gdnconv.vllm.causal_conv1d_update tries it, in the op's (B, T, D) order
@@ -187,8 +188,9 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
             and x.dim() >= 2 and x.stride(1) == 1 and not gv._is_compiling()):
         packed = kwargs.get("is_weight_packed", False)
         if packed is True or packed is False:   # the usual call as one torch op
-            out = gv._op_update(x, conv_state, weight, bias, activation, kwargs.get("num_accepted_tokens"),
-                                conv_state_indices, pad, None, gv._OP_SKIPPED_FROM_X | (gv._OP_PACKED if packed else 0))
+            out = gv._core._op_update(gv._op_new, gv._op_into, x, conv_state, weight, bias, activation,
+                                      kwargs.get("num_accepted_tokens"), conv_state_indices, pad, None,
+                                      gv._OP_SKIPPED_FROM_X | (gv._OP_PACKED if packed else 0))
             if out is not None:
                 return out
         try:     # its pad rows x's; x and the state alike in dtype
