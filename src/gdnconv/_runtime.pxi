@@ -155,7 +155,7 @@ def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_acc
     (torch._efficientzerotensor) weight or bias, torch's dispatcher makes plain before the
     op runs, so the op computes on its values, where the Cython intake refuses such a
     tensor (asking for resolve_neg(), or as memoryless). These checks in Cython rather than
-    Python: ~0.4 us less a call (benchmarks/README.md, stop 53)."""
+    Python: 0.2-0.45 us less a call (benchmarks/README.md, stop 53)."""
     if op_new is None or not _is_tensor(x):
         return None
     if (type(x) is not _tensor_type or type(conv_state) is not _tensor_type or type(pad_slot_id) is not int
