@@ -477,6 +477,14 @@ GDN_INLINE int tc_out_ok(const int sd, const int R, const int e) { return e == 4
         TC_MERGED_CHUNK16(SD, 4) TC_MERGED_CHUNK16(SD, 5) TC_MERGED_CHUNK16(SD, 6)                             \
     } while (0)
 
+/* a switch's cases for the sd the merges take, each running F(SD) with SD a literal */
+#define TC_MERGED_CASES(F) \
+    case 2: F(2); return;  \
+    case 3: F(3); return;  \
+    case 5: F(5); return;  \
+    case 6: F(6); return;  \
+    case 7: F(7); return;
+
 /* fp32, sd = 4: rows k < R from the four 128-bit lanes' channels (a 4x4 transposition in
  * lanes) and back; x4 holds channels (c, c + 4) (in) or (2c, 2c + 1) (out) */
 GDN_INLINE void tc_4x4(__m256 *y, const __m256 *x) {
@@ -506,16 +514,12 @@ GDN_INLINE __m256i tc_shuffle_or(const __m256i *v, const int n, const __m256i *s
     return r;
 }
 
-/* 16-bit out: the sd chunks r[m] of a line (both halves) from rows v[k] (n of them
- * shuffled; those from R on are zero); at sd = 4 a 4x4 word transposition per channel
- * pair by unpacks (8 where the shuffles take 12-16 and 9-12 ORs) */
+/* 16-bit out: the sd chunks r[m] of a line (both halves) from rows v[k] (those from R on
+ * are zero): by the lane merges; at sd = 4 a 4x4 word transposition per channel pair by
+ * unpacks (8 where the shuffles took 12-16 and 9-12 ORs); sd = 8 by shuffles (n rows) */
 GDN_INLINE void tc_chunks(__m256i *r, const __m256i *v, const int sd, const int n, const int R, const tc_plan *t) {
     switch (sd) {
-    case 2: TC_MERGED_CHUNKS16(2); return;
-    case 3: TC_MERGED_CHUNKS16(3); return;
-    case 5: TC_MERGED_CHUNKS16(5); return;
-    case 6: TC_MERGED_CHUNKS16(6); return;
-    case 7: TC_MERGED_CHUNKS16(7); return;
+    TC_MERGED_CASES(TC_MERGED_CHUNKS16)
     default: break;
     }
     if (sd == 4) {
@@ -549,11 +553,7 @@ GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, cons
             return;
         }
         switch (sd) {
-        case 2: TC_MERGED_IN16(2); return;
-        case 3: TC_MERGED_IN16(3); return;
-        case 5: TC_MERGED_IN16(5); return;
-        case 6: TC_MERGED_IN16(6); return;
-        case 7: TC_MERGED_IN16(7); return;
+        TC_MERGED_CASES(TC_MERGED_IN16)
         default: break;
         }
 #pragma GCC unroll 8
@@ -561,11 +561,7 @@ GDN_INLINE void tc_in(char *dst, int64_t bs, const char *src, const int sd, cons
         return;
     }
     switch (sd) {
-    case 2: TC_MERGED_IN(2); return;
-    case 3: TC_MERGED_IN(3); return;
-    case 5: TC_MERGED_IN(5); return;
-    case 6: TC_MERGED_IN(6); return;
-    case 7: TC_MERGED_IN(7); return;
+    TC_MERGED_CASES(TC_MERGED_IN)
     case 4: {   /* lane l of x[c] <- channel c + 4 l; y[k] lane l <- channels 4 l .. 4 l + 3 of row k */
         __m256 x[4], y[4];
         for (int c = 0; c < 4; c++)
@@ -615,11 +611,7 @@ GDN_INLINE void tc_out(char *dst, const int sd, const int R, const char *src, in
     }
     __m256i p[GDN_MAX_WIDTH][2];
     switch (sd) {
-    case 2: TC_MERGED_OUT(2); return;
-    case 3: TC_MERGED_OUT(3); return;
-    case 5: TC_MERGED_OUT(5); return;
-    case 6: TC_MERGED_OUT(6); return;
-    case 7: TC_MERGED_OUT(7); return;
+    TC_MERGED_CASES(TC_MERGED_OUT)
     case 4: {   /* rows in channel order (0 2 4 6 1 3 5 7): y[c] lane l <- channel 2c + l's 4 rows */
         const __m256i evens = _mm256_set_epi32(7, 5, 3, 1, 6, 4, 2, 0);
         __m256 x[4], y[4];
