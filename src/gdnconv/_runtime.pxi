@@ -154,8 +154,10 @@ def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_acc
     with a pending negation bit (x, weight, bias), or a zero tensor
     (torch._efficientzerotensor) weight or bias, torch's dispatcher makes plain before the
     op runs, so the op computes on its values, where the Cython intake refuses such a
-    tensor (asking for resolve_neg(), or as memoryless). These checks in Cython rather than
-    Python: 0.2-0.45 us less a call (benchmarks/README.md, stop 53)."""
+    tensor (asking for resolve_neg(), or as memoryless). Under inference mode the op takes
+    1.0-2.3 us less a call with a new out (the plugin's) than the core's Cython intake at
+    one to four requests, about even with a given out (benchmarks/bench_op.py); these checks
+    in Cython rather than Python, 0.2-0.45 us less (benchmarks/README.md, stop 53)."""
     if op_new is None or not _is_tensor(x):
         return None
     if (type(x) is not _tensor_type or type(conv_state) is not _tensor_type or type(pad_slot_id) is not int
