@@ -312,7 +312,7 @@ GDN_INLINE void tc_plan_in(tc_plan *t, const int sd, const int R, const int e) {
             const __m256i el = _mm256_add_epi16(_mm256_mullo_epi16(tc_lane_words(), _mm256_set1_epi16((short)sd)),
                                                 _mm256_set1_epi16((short)k));
             const __m256i chunk = _mm256_srli_epi16(el, 3), pos = _mm256_and_si256(el, _mm256_set1_epi16(7));
-            t->perm16[k][0] = tc_word_shuf(pos, _mm256_set1_epi16(-1));
+            if (sd != 8) t->perm16[k][0] = tc_word_shuf(pos, _mm256_set1_epi16(-1));   /* (the merges) */
             for (int m = 0; m < sd && sd == 8; m++)
                 t->shuf[k][m] = tc_word_shuf(pos, _mm256_cmpeq_epi16(chunk, _mm256_set1_epi16((short)m)));
         }
@@ -344,11 +344,10 @@ GDN_INLINE void tc_plan_out(tc_plan *t, const int sd, const int R, const int e) 
         for (int k = 0; k < R && sd != 4 && sd != 8; k++) {   /* the lane merges' inverse (as inv below) */
             const __m256i d = _mm256_sub_epi16(tc_lane_words(), _mm256_set1_epi16((short)k));
             for (int h = 0; h < (sd & 1 ? 1 : 2); h++) {   /* (TC_SETS) */
+                const __m256i half = _mm256_mullo_epi16(_mm256_srai_epi16(d, 1), _mm256_set1_epi16((short)(sd / 2)));
                 const __m256i j = sd & 1 ? _mm256_mullo_epi16(d, _mm256_set1_epi16((short)sd))
                                          : _mm256_add_epi16(_mm256_set1_epi16((short)(4 * h)),
-                                                            _mm256_and_si256(_mm256_mullo_epi16(_mm256_srai_epi16(d, 1),
-                                                                                                _mm256_set1_epi16((short)(sd / 2))),
-                                                                             _mm256_set1_epi16(3)));
+                                                            _mm256_and_si256(half, _mm256_set1_epi16(3)));
                 t->perm16[k][h] = tc_word_shuf(_mm256_and_si256(j, _mm256_set1_epi16(7)), _mm256_set1_epi16(-1));
             }
         }

@@ -269,7 +269,6 @@ def _load_ops():
 
 
 _op_new, _op_into = _load_ops()
-_grad_enabled = torch.is_grad_enabled
 
 
 # ---- index conventions ----
@@ -392,7 +391,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         # any write, and before running user code) goes through the full path below, which maps the
         # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
-        if (is_weight_packed is True or is_weight_packed is False) and not _grad_enabled():   # the op first
+        if is_weight_packed is True or is_weight_packed is False:   # the op first (not in grad mode: _op_update)
             done = _core._op_update(_op_new, _op_into, x, conv_state, weight, bias, activation, num_accepted_tokens,
                                     conv_state_indices, pad_slot_id, target, _OP_PACKED if is_weight_packed else 0)
             if done is not None:
