@@ -411,11 +411,17 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
  * tc_t1_unit), a group of 32 channels at a time (fp32: tc_t1_row32 / tc_t1_roll32 below,
  * two halves of 16 channels). 16-bit: its block (element
  * (k, j) at j*sd + k) is sd <= TC_T1_MAX_SD vectors. Row k of the group's half h (16
- * channels) is one two-source word permute of block vectors a = h*sd/2 and a + 1 where
- * sd <= 4 (16 channels span at most two), and two, of vectors a, a + 1 and a + 2, a + 3,
- * merged by a mask, where sd > 4 (they span at most four), straight into fp32 lanes for
- * bf16 (each word to the high half of its dword, the low half zeroed: the conversion
- * itself) or packed for fp16, then converted; so nothing is staged. The roll (rows
+ * channels) is gathered from block vectors a = h*sd/2 and a + 1 where sd <= 4 (16 channels
+ * span at most two), or a, a + 1 and a + 2, a + 3, merged by a mask, where sd > 4 (they
+ * span at most four); so nothing is staged. fp16: one two-source word permute per pair,
+ * packed, then converted. bf16: one two-source dword permute per pair (1 uop, where the
+ * word permute takes 3) of the dwords that hold the row's words, each word then put in
+ * the high half of its lane, the low half zeroed (the conversion): the dword as is, its
+ * low half cleared, where the word is its high half, shifted left 16 where the word is
+ * its low half. The dwords of rows k and k + 2 also hold row k + 1's words (row k + 1's
+ * word is the high half of row k's dword where row k's word is even, the low half of row
+ * k + 2's where it is odd), so row k + 1 costs no permute between them: 2 permutes where
+ * W - 1 = 3 rows took 3. The roll (rows
  * k < H-1 <- row k + shift, rows H-1+t <- token t, t < T, rows from H-1+T on kept;
  * plain: shift 1, T = 1; spec: shift off + 1) is per block vector m its elements'
  * successors (the row shift on in the same channel: a load shift elements on, 1.04x
@@ -428,8 +434,9 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
 #define TC_T1_MAX_T 4   /* tokens a roll places */
 
 typedef struct {
-    __m512i row[TC_T1_MAX_SD][2];     /* row k, half h: lane (word) <- pair element */
-    uint32_t first[TC_T1_MAX_SD][2];  /* sd > 4: lanes (words) of row k, half h from vectors a, a + 1 */
+    __m512i row[TC_T1_MAX_SD][2];     /* row k, half h: lane <- pair element (fp16: word; bf16: dword) */
+    uint32_t first[TC_T1_MAX_SD][2];  /* sd > 4: lanes of row k, half h from vectors a, a + 1 */
+    uint16_t low[TC_T1_MAX_SD][2];    /* bf16: lanes of row k, half h whose word is its dword's low half */
     __m512i idx32[TC_T1_MAX_SD];      /* fp32, row k of a half: lane j <- element j*sd + k */
     uint32_t pick32[TC_T1_MAX_SD][TC_T1_MAX_SD / 2];   /* fp32, row k: lanes from the half's vector pair q */
     __m512i old, tok[TC_T1_MAX_SD];   /* old: lane i <- lane i + 1 (the last vector's successors) */
@@ -447,10 +454,18 @@ GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const 
             t->idx32[k] = tc_add(tc_mul(tc_iota(4), tc_set(sd, 4), 4), tc_set(k, 4), 4);
             for (int q = 0; 2 * q < sd; q++) t->pick32[k][q] = tc_eq(tc_pair(t->idx32[k], 4), q, 4);
         }
+    } else if (dt != GDN_F16) {   /* bf16: lane i is channel 16h + i; w: its word from vector a's first */
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < rows; k++) {
+                const __m512i w = _mm512_add_epi32(_mm512_mullo_epi32(tc_iota(4), _mm512_set1_epi32(sd)),
+                                                   _mm512_set1_epi32(16 * h * sd + k - 32 * (h * sd / 2)));
+                t->row[k][h] = _mm512_srli_epi32(w, 1);
+                t->low[k][h] = (uint16_t)_mm512_testn_epi32_mask(w, _mm512_set1_epi32(1));
+                if (sd > 4) t->first[k][h] = (uint32_t)_mm512_cmplt_epu32_mask(w, _mm512_set1_epi32(64));
+            }
     } else {
         const __m512i iota = tc_iota(2);
-        /* bf16: dword i's high word is channel 16h + i; fp16: word i (lanes from 16: any) */
-        const __m512i ch = dt == GDN_F16 ? _mm512_and_si512(iota, _mm512_set1_epi16(15)) : _mm512_srli_epi16(iota, 1);
+        const __m512i ch = _mm512_and_si512(iota, _mm512_set1_epi16(15));   /* word i: channel 16h + i (from 16: any) */
         for (int h = 0; h < 2; h++)
             for (int k = 0; k < rows; k++) {
                 t->row[k][h] = _mm512_add_epi16(_mm512_mullo_epi16(ch, _mm512_set1_epi16((short)sd)),
@@ -474,23 +489,41 @@ GDN_INLINE void tc_t1_plan_make(tc_t1_plan *t, const int sd, const int H, const 
     t->last = (e == 2 ? 0xffffffffu : 0xffffu) >> (sd - L);
 }
 
-/* row k of half h of a group's block vectors sv, as fp32 */
-GDN_INLINE V tc_t1_row(const __m512i *sv, const tc_t1_plan *t, const int k, const int h, const int sd, const int dt) {
+/* fp16: row k of half h of a group's block vectors sv, as fp32 */
+GDN_INLINE V tc_t1_row(const __m512i *sv, const tc_t1_plan *t, const int k, const int h, const int sd) {
     const int a = h * sd / 2, b = a + 1 < sd ? a + 1 : a;
-    if (sd <= 4) {
-        if (dt == GDN_F16)
-            return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(sv[a], t->row[k][h], sv[b])));
-        return _mm512_castsi512_ps(_mm512_maskz_permutex2var_epi16(0xaaaaaaaau, sv[a], t->row[k][h], sv[b]));
-    }
+    const __m512i lo = _mm512_permutex2var_epi16(sv[a], t->row[k][h], sv[b]);
+    if (sd <= 4) return _mm512_cvtph_ps(_mm512_castsi512_si256(lo));
     const int c = a + 2 < sd ? a + 2 : sd - 1, d = a + 3 < sd ? a + 3 : sd - 1;
-    const __mmask32 f = t->first[k][h];
-    if (dt == GDN_F16) {
-        const __m512i lo = _mm512_permutex2var_epi16(sv[a], t->row[k][h], sv[b]);
-        const __m512i hi = _mm512_permutex2var_epi16(sv[c], t->row[k][h], sv[d]);
-        return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_mov_epi16(lo, (__mmask32)~f, hi)));
+    const __m512i hi = _mm512_permutex2var_epi16(sv[c], t->row[k][h], sv[d]);
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_mask_mov_epi16(lo, (__mmask32)~t->first[k][h], hi)));
+}
+
+/* bf16: the dwords that hold row k of half h's words */
+GDN_INLINE __m512i tc_t1_dwords(const __m512i *sv, const tc_t1_plan *t, const int k, const int h, const int sd) {
+    const int a = h * sd / 2, b = a + 1 < sd ? a + 1 : a;
+    const __m512i lo = _mm512_permutex2var_epi32(sv[a], t->row[k][h], sv[b]);
+    if (sd <= 4) return lo;
+    const int c = a + 2 < sd ? a + 2 : sd - 1, d = a + 3 < sd ? a + 3 : sd - 1;
+    return _mm512_mask_mov_epi32(lo, (__mmask16)~t->first[k][h], _mm512_permutex2var_epi32(sv[c], t->row[k][h], sv[d]));
+}
+
+/* bf16: rows off..off+H-1 of half h of a group's block vectors sv, as fp32, to hf[k][h] */
+GDN_INLINE void tc_t1_rows_bf16(const __m512i *sv, const tc_t1_plan *t, const int off, const int h, const int sd,
+                                const int H, V hf[][4]) {
+    const __m512i top = _mm512_set1_epi32((int)0xffff0000u);
+    __m512i p[TC_T1_MAX_SD], ph[TC_T1_MAX_SD];   /* (ph: p with the low halves cleared) */
+#pragma GCC unroll 8
+    for (int k = 0; k < H; k++) {
+        if (k % 2 == 1 && k + 1 < H) continue;   /* (from rows k - 1 and k + 1) */
+        p[k] = tc_t1_dwords(sv, t, off + k, h, sd);
+        ph[k] = _mm512_and_si512(p[k], top);
     }
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_maskz_permutex2var_epi16(0xaaaaaaaau & f, sv[a], t->row[k][h], sv[b]),
-                                               _mm512_maskz_permutex2var_epi16(0xaaaaaaaau & ~f, sv[c], t->row[k][h], sv[d])));
+#pragma GCC unroll 8
+    for (int k = 0; k < H; k++)
+        hf[k][h] = _mm512_castsi512_ps(k % 2 == 1 && k + 1 < H
+                                           ? _mm512_mask_slli_epi32(ph[k - 1], (__mmask16)~t->low[off + k - 1][h], p[k + 1], 16)
+                                           : _mm512_mask_slli_epi32(ph[k], t->low[off + k][h], p[k], 16));
 }
 
 /* fp32: row k of a half's block vectors sv (sd of them), as tc_gather's dword gather */
@@ -517,9 +550,10 @@ GDN_INLINE void tc_t1_roll32(char *blk, const __m512i *sv, const __m512i *tok, c
     }
 }
 
-/* the roll of a group's block vectors sv (at blk) by shift = off + 1 with the T tokens' words tok */
+/* the roll of a group's block vectors sv (at blk) by shift = off + 1 with the T tokens' words tok;
+ * full: the roll writes every row (W - 2 + T >= sd), so the block is stored whole */
 GDN_INLINE void tc_t1_roll(char *blk, const __m512i *sv, const __m512i *tok, const int T, const int off,
-                           const tc_t1_plan *t, const int sd) {
+                           const tc_t1_plan *t, const int sd, const int full) {
 #pragma GCC unroll 8   /* (sd <= 8 vectors, unrolled whole: at unroll 4, sd 6-7 ran 3-4% slower) */
     for (int m = 0; m < sd; m++) {
         __m512i r = m + 1 < sd ? _mm512_loadu_si512(blk + 64 * m + 2 + 2 * off)
@@ -527,7 +561,8 @@ GDN_INLINE void tc_t1_roll(char *blk, const __m512i *sv, const __m512i *tok, con
 #pragma GCC unroll 4
         for (int q = 0; q < T; q++)
             r = _mm512_mask_mov_epi16(r, t->from_tok[m][q], _mm512_permutexvar_epi16(t->tok[m], tok[q]));
-        _mm512_mask_storeu_epi16(blk + 64 * m, t->keep[m][T], r);
+        if (full) _mm512_storeu_si512(blk + 64 * m, r);
+        else _mm512_mask_storeu_epi16(blk + 64 * m, t->keep[m][T], r);
     }
 }
 

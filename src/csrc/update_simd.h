@@ -376,8 +376,8 @@ GDN_INLINE void sd_direct(const gdn_update_params *p, const gdn_request *r, int6
 #ifdef TC_T1
 /* Short decode of a time-contiguous state with channel stride sd <= TC_T1_SD_MAX(dt)
  * (vLLM's DS layout: plain decode of one token, speculative decode of up to TC_T1_MAX_T
- * tokens), 32 channels (one group of the ISA header's tc_t1_row and tc_t1_roll; fp32:
- * two halves of 16, tc_t1_row32 and tc_t1_roll32) at channel c of the block at st (row
+ * tokens), 32 channels (one group of the ISA header's tc_t1_rows_bf16, or tc_t1_row for
+ * fp16, and tc_t1_roll; fp32: two halves of 16, tc_t1_row32 and tc_t1_roll32) at channel c of the block at st (row
  * 0), the T tokens at x (rows xt bytes apart), the outputs to os (ot apart), nothing
  * staged. The window (rows off..off+W-2) and the tokens are read, and the state rolled,
  * before the outputs are written (out may be x); the outputs are simd_token_groups' on
@@ -422,14 +422,19 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
 #pragma GCC unroll 8
     for (int m = 0; m < sd - 1; m++) sv[m] = _mm512_loadu_si512(blk + 64 * m);
     sv[sd - 1] = _mm512_maskz_loadu_epi16(t->last, blk + 64 * (sd - 1));
+    if (dt == GDN_F16) {
 #pragma GCC unroll 8
-    for (int k = 0; k < H; k++) {
-        hf[k][0] = tc_t1_row(sv, t, off + k, 0, sd, dt);
-        hf[k][1] = tc_t1_row(sv, t, off + k, 1, sd, dt);
+        for (int k = 0; k < H; k++) {
+            hf[k][0] = tc_t1_row(sv, t, off + k, 0, sd);
+            hf[k][1] = tc_t1_row(sv, t, off + k, 1, sd);
+        }
+    } else {
+        tc_t1_rows_bf16(sv, t, off, 0, sd, H, hf);
+        tc_t1_rows_bf16(sv, t, off, 1, sd, H, hf);
     }
 #pragma GCC unroll 4
     for (int q = 0; q < T; q++) tok[q] = _mm512_loadu_si512(x + q * xt + 2 * c);
-    tc_t1_roll(blk, sv, tok, T, off, t, sd);
+    tc_t1_roll(blk, sv, tok, T, off, t, sd, W - 2 + T >= sd);
     simd_token_groups(x + 2 * c, xt, os + 2 * c, ot, T, w, b, hf, 2, dt, W, silu);
 }
 
