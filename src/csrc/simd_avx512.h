@@ -436,13 +436,13 @@ GDN_INLINE void tc_roll_line(char *dst, const int sd, int64_t shift, const char 
 typedef struct {
     __m512i row[TC_T1_MAX_SD][2];     /* row k, half h: lane <- pair element (fp16: word; bf16: dword) */
     uint32_t first[TC_T1_MAX_SD][2];  /* sd > 4: lanes of row k, half h from vectors a, a + 1 */
-    uint16_t low[TC_T1_MAX_SD][2];    /* bf16: lanes of row k, half h whose word is its dword's low half */
     __m512i idx32[TC_T1_MAX_SD];      /* fp32, row k of a half: lane j <- element j*sd + k */
     uint32_t pick32[TC_T1_MAX_SD][TC_T1_MAX_SD / 2];   /* fp32, row k: lanes from the half's vector pair q */
     __m512i old, tok[TC_T1_MAX_SD];   /* old: lane i <- lane i + 1 (the last vector's successors) */
     uint32_t from_tok[TC_T1_MAX_SD][TC_T1_MAX_T];      /* [m][t]: lanes of row H-1+t */
     uint32_t keep[TC_T1_MAX_SD][TC_T1_MAX_T + 1];      /* [m][T]: lanes of rows < H-1+T */
     uint32_t last;   /* lanes of the last block vector read: those up to the last channel's row L-1 */
+    uint16_t low[TC_T1_MAX_SD][2];    /* bf16: lanes of row k, half h whose word is its dword's low half */
 } tc_t1_plan;
 
 /* (rows: the window rows read, from row 0; nt: the token counts rolled, from 1) */
