@@ -414,10 +414,12 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
         simd_token_groups(x + 4 * c, xt, os + 4 * c, ot, T, w, b, hf, 2, dt, W, silu);
         return;
     }
-    /* bf16: the plan's vectors loaded where used, not held in registers across steps
-     * (the compiler spilled the token routine's vectors instead: ds/sd 1.25 -> 1.14);
-     * fp16, whose conversion takes registers of its own, ran 1.20 -> 1.25 that way */
-    if (dt != GDN_F16) __asm__("" : "+r"(t));
+    /* bf16 with several tokens: the plan's vectors loaded where used, not held in
+     * registers across steps (the compiler spilled the token routine's vectors instead:
+     * ds/sd 1.25 -> 1.14); fp16, whose conversion takes registers of its own, ran 1.20 ->
+     * 1.25 that way, and so did bf16's one token once its rows took dword permutes (stop 54:
+     * DS plain 1.20-1.23 held, 1.22-1.29 loaded, in 5 alternated rounds) */
+    if (dt != GDN_F16 && T > 1) __asm__("" : "+r"(t));
     __m512i sv[TC_T1_MAX_SD], tok[TC_T1_MAX_T];
 #pragma GCC unroll 8
     for (int m = 0; m < sd - 1; m++) sv[m] = _mm512_loadu_si512(blk + 64 * m);
