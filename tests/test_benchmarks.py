@@ -256,17 +256,20 @@ def test_parallel_copy_copies_every_element(n, threads):
         harness.parallel_copy(rows.T, np.stack([src, -src]).T.copy(), threads)
 
 
-def test_bench_op_times_both_paths_in_every_regime(capsys):
-    """bench_op.py: a row per regime, case and route, each with the op's and the Cython path's
-    medians (positive) and their ratio."""
+@pytest.mark.parametrize("weight", ["plain", "subclass"])
+def test_bench_op_times_every_path_in_every_regime(weight, capsys):
+    """bench_op.py: a row per regime, case and route, each with the direct call's, the torch
+    op's and the Cython path's medians (positive) and the two ratios; the routes' default
+    (gdnconv.vllm._op_new) restored after."""
     torch = pytest.importorskip("torch")
     import gdnconv.vllm as gv
     if gv._op_new is None:
         pytest.skip("no torch op here (not Linux, or a torch without the stable ABI's functions)")
     import bench_op
     threads = torch.get_num_threads()
+    default = gv._op_new
     try:
-        bench_op.main(["--dims", "64", "--batch", "1", "--rounds", "1", "--calls", "5"])
+        bench_op.main(["--dims", "64", "--batch", "1", "--rounds", "1", "--calls", "5", "--weight", weight])
     finally:
         torch.set_num_threads(threads)
         gdnconv.set_num_threads(None)
@@ -274,4 +277,5 @@ def test_bench_op_times_both_paths_in_every_regime(capsys):
             if line.split()[:1] in (["grad"], ["no_grad"], ["inference"])]
     assert [(r[0], r[3], r[4]) for r in rows] == [(g, t, route) for g in ("grad", "no_grad", "inference")
                                                   for t in ("1", "4") for route in ("vllm.py,", "plugin,")]
-    assert all(float(v) > 0 for r in rows for v in r[-3:])
+    assert all(len(r) == 12 and float(v) > 0 for r in rows for v in r[-5:])
+    assert gv._op_new is default

@@ -27,6 +27,18 @@ def bits_t(t):
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
 
 
+@pytest.fixture(autouse=True, params=["direct", "dispatched"])
+def entry(request, monkeypatch):
+    """Each test through both entries of the op's call: without torch's dispatcher (the routes'
+    default where this torch's tensor objects allow it) and through torch.ops."""
+    ops = gv._direct_ops if request.param == "direct" else gv._dispatched_ops
+    if ops[0] is None:
+        pytest.skip("no direct calls with this torch (its tensor objects are laid out otherwise)")
+    monkeypatch.setattr(gv, "_op_new", ops[0])
+    monkeypatch.setattr(gv, "_op_into", ops[1])
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def _no_grad():
     """Grad mode off, as in vLLM's steps (torch.inference_mode()): in grad mode a given out goes
@@ -36,25 +48,13 @@ def _no_grad():
 
 
 @pytest.fixture
-def op_calls(monkeypatch):
-    """A list that gets, for each call of the ops from now on, whether the op took it (its
-    result not None / 1)."""
+def op_calls():
+    """A list that gets, for each call of the op from now on (direct or through torch.ops),
+    whether it was taken."""
     calls = []
-    new, into = gv._op_new, gv._op_into
-
-    def counted_new(*a):
-        r = new(*a)
-        calls.append(r is not None)
-        return r
-
-    def counted_into(*a):
-        r = into(*a)
-        calls.append(bool(r))
-        return r
-
-    monkeypatch.setattr(gv, "_op_new", counted_new)
-    monkeypatch.setattr(gv, "_op_into", counted_into)
-    return calls
+    previous = gdnconv._core._log_op_calls(calls)
+    yield calls
+    gdnconv._core._log_op_calls(previous)
 
 
 def _case(seed, dtype, state, B=3, D=64, W=4, spec=False, T=1):
@@ -184,6 +184,13 @@ REFUSED = {
     "pad_slot_outside_int32": (lambda a: a.update(pad=2 ** 40), "outside the int32 range"),
     "x_channels_strided": (lambda a: a.update(x=torch.stack([a["x"], a["x"]], 2).reshape(3, 128)[:, ::2]), None),
     "int64_slots": (lambda a: a.update(slots=a["slots"].long()), None),
+    # tensors of other layouts and kinds, which the dispatcher refuses and the direct call reads
+    # no memory of
+    "sparse_x": (lambda a: a.update(x=a["x"].to_sparse()), None),
+    "mkldnn_x": (lambda a: a.update(x=a["x"].to_mkldnn()), None),
+    "quantized_x": (lambda a: a.update(x=torch.quantize_per_tensor(a["x"], 0.1, 0, torch.qint8)), None),
+    "nested_x": (lambda a: a.update(x=torch.nested.nested_tensor([a["x"][0], a["x"][1, :32]])), None),
+    "sparse_weight": (lambda a: a.update(w=a["w"].to_sparse()), None),
     "activation_other": (lambda a: a.update(activation="relu"), "activation must be None, 'silu'"),
 }
 
@@ -204,7 +211,9 @@ def test_what_the_op_refuses_goes_to_the_full_path(case, monkeypatch, op_calls):
         st, x, w, b, slots, nat = _case(3, "fp32", "DS")
         a = dict(st=st, x=x, w=w, b=b, slots=slots, out=torch.full((3, 64), 7.0), pad=-1, activation="silu")
         change(a)
-        before = {k: v.detach().clone() for k, v in a.items() if isinstance(v, torch.Tensor) and not v.is_meta
+        before = {k: v.detach().clone() for k, v in a.items()
+                  if isinstance(v, torch.Tensor) and v.layout == torch.strided and not (v.is_meta or v.is_nested
+                                                                                       or v.is_quantized)
                   and k != "st" or k == "st" and case != "state_outside_storage"}
         try:
             res = gv.causal_conv1d_update(a["x"], a["st"], a["w"], a["b"], a["activation"], a["slots"],
@@ -228,18 +237,52 @@ def test_what_the_op_refuses_goes_to_the_full_path(case, monkeypatch, op_calls):
         assert torch.equal(bits_t(got[0]), bits_t(ref[0])) and torch.equal(bits_t(got[1]), bits_t(ref[1]))
 
 
-def test_an_input_with_a_negation_bit_is_read_as_its_values(monkeypatch, op_calls):
-    """x with a pending negation bit (torch._neg_view): the dispatcher resolves it before the op
-    runs, so the op computes on x's values (where the core's own intake refuses such a tensor,
-    asking for resolve_neg()): the bits of the call on x.resolve_neg()."""
+@pytest.mark.parametrize("arg", ["x", "weight", "bias"])
+def test_an_input_with_a_negation_bit_is_read_as_its_values(arg, entry, monkeypatch, op_calls):
+    """An input with a pending negation bit (torch._neg_view): through torch.ops the dispatcher
+    resolves it before the op runs, so the op computes on its values: the bits of the call on
+    .resolve_neg(). Without the dispatcher the call refuses it (its raw memory holds the negated
+    values), and the core's own intake asks for resolve_neg(), nothing written."""
     st, x, w, b, slots, nat = _case(5, "bf16", "SD")
-    neg = torch._neg_view(-x)
+    args = {"x": x, "weight": w, "bias": b}
+    args[arg] = torch._neg_view(-args[arg])
     st2 = st.clone()
-    out = gv.causal_conv1d_update(neg, st, w, b, "silu", slots, out=torch.zeros_like(x))
+    if entry == "direct":
+        with pytest.raises(ValueError, match=f"^{arg} has a pending negation bit; call .resolve_neg"):
+            gv.causal_conv1d_update(args["x"], st, args["weight"], args["bias"], "silu", slots,
+                                    out=torch.zeros_like(x))
+        assert op_calls == [False] and torch.equal(bits_t(st), bits_t(st2))
+        return
+    neg = args[arg]
+    out = gv.causal_conv1d_update(args["x"], st, args["weight"], args["bias"], "silu", slots,
+                                  out=torch.zeros_like(x))
     assert op_calls == [True]
+    args[arg] = neg.resolve_neg()
     monkeypatch.setattr(gv, "_op_new", None)
-    ref = gv.causal_conv1d_update(neg.resolve_neg(), st2, w, b, "silu", slots, out=torch.zeros_like(x))
+    ref = gv.causal_conv1d_update(args["x"], st2, args["weight"], args["bias"], "silu", slots,
+                                  out=torch.zeros_like(x))
     assert torch.equal(bits_t(out), bits_t(ref)) and torch.equal(bits_t(st), bits_t(st2))
+
+
+@pytest.mark.parametrize("arg", ["conv_state_indices", "num_accepted_tokens"])
+@pytest.mark.parametrize("route", ROUTES)
+def test_index_arrays_with_a_negation_bit_are_read_as_their_values(arg, route, entry, monkeypatch, op_calls):
+    """conv_state_indices or num_accepted_tokens with a pending negation bit: every entry gives the
+    Cython path's bits (which reads their values): the dispatcher resolves the bit for the torch
+    op; the direct call refuses the array (its memory holds the values negated: slots [1, -1, 0]
+    read raw are [-1, 1, 0], valid slots, so a raw read would compute other requests), and the
+    Cython path takes the call."""
+    def make():
+        st, x, w, b, slots, nat = _case(12, "bf16", "SD", spec=True, T=3)
+        if arg == "conv_state_indices":
+            slots = torch._neg_view(-torch.tensor([1, -1, 0], dtype=torch.int32))
+        else:
+            nat = torch._neg_view(-nat)
+        return st, x, w, b, slots, nat
+
+    out, st, ref_out, ref_st = _both(monkeypatch, route, make)
+    assert op_calls == [entry == "dispatched"]
+    assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))
 
 
 def test_a_large_new_out_goes_to_the_cython_path(monkeypatch, op_calls):
@@ -309,6 +352,27 @@ def test_grad_mode_takes_new_outs_only(monkeypatch, op_calls):
             if route == "given_out":
                 out[1] = 0
             assert torch.equal(bits_t(out), bits_t(ref)) and torch.equal(bits_t(s2), bits_t(ref_st)), route
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_weight_subclass_runs_none_of_its_functions_in_grad_mode(route, monkeypatch, op_calls):
+    """A Parameter subclass weight and bias (vLLM's ModelWeightParameter) in grad mode: the op's
+    call takes it (a new out) or leaves it to the Cython path (a given out), with none of its
+    Python functions run (the requires_grad reads too), and the plain tensors' bits."""
+    with torch.enable_grad():
+        def make():
+            st, x, w, b, slots, nat = _case(13, "bf16", "SD", D=64)
+            return st, x, _WeightParameter(w, requires_grad=False), _WeightParameter(b, requires_grad=False), slots, nat
+
+        _WeightParameter.seen = 0
+        st, x, w, b, slots, nat = make()
+        out = _call(route, st, x, w, b, slots, nat)
+        assert _WeightParameter.seen == 0 and not out.requires_grad
+        assert op_calls == ([True] if route.startswith("plugin") else [])
+        monkeypatch.setattr(gv, "_op_new", None)
+        st2, x2, w2, b2, slots2, nat2 = make()
+        ref = _call(route, st2, x2, w2.detach(), b2.detach(), slots2, nat2)
+    assert torch.equal(bits_t(out), bits_t(ref)) and torch.equal(bits_t(st), bits_t(st2))
 
 
 @pytest.mark.parametrize("shrink", ["one_element", "to_zero"])

@@ -4,6 +4,7 @@ this CPU), against vLLM's CPU ops."""
 import glob
 import os
 import signal
+import sys
 import zlib
 
 import numpy as np
@@ -836,3 +837,15 @@ def test_prefill_matches_vllm_cpu_op():
     assert_bits_equal(st_g, st_v, "conv_states")
     np.testing.assert_allclose(as_np(out_g).astype(np.float64), as_np(out_v).astype(np.float64),
                                rtol=2 ** -7, atol=2 ** -7)
+
+
+@pytest.mark.skipif(not (torch.__version__.startswith("2.13.") and sys.platform.startswith("linux")),
+                    reason="the layout is known on torch 2.13 (the test extra's pin) on Linux; another torch "
+                           "or platform may keep the torch op, or none")
+def test_the_routes_call_the_op_without_the_dispatcher_on_torch_2_13():
+    """On torch 2.13 (Linux) a tensor's Python object holds its at::Tensor where the direct call
+    reads it: import finds that, and the routes' op call is the direct one (in a fresh process,
+    as import leaves it)."""
+    r = run_python("import gdnconv.vllm as gv; print(gv._direct_ops[0] is not None, "
+                   "(gv._op_new, gv._op_into) == gv._direct_ops)")
+    assert r.stdout.split() == ["True", "True"], r

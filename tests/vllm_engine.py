@@ -86,15 +86,11 @@ def _count_ops():
         return None
     counts = {"taken": 0, "refused": 0}
 
-    def counted(op, took):
-        def call(*args):
-            r = op(*args)
-            counts["taken" if took(r) else "refused"] += 1
-            return r
-        return call
+    class Tally:
+        def append(self, taken):
+            counts["taken" if taken else "refused"] += 1
 
-    gv._op_new = counted(gv._op_new, lambda r: r is not None)
-    gv._op_into = counted(gv._op_into, bool)
+    gv._core._log_op_calls(Tally())
     return counts
 
 

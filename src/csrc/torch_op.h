@@ -2,6 +2,9 @@
 #ifndef GDNCONV_TORCH_OP_H
 #define GDNCONV_TORCH_OP_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 /* Flags of the op's `flags` argument (gdnconv.vllm's _OP_* mirror them). */
 #define GDN_OP_SILU 1
 #define GDN_OP_TOKENS_LAST 2     /* x (and out) (B, T, D), vLLM's C++ op's order; else (B, D, T) */
@@ -20,5 +23,18 @@ int gdn_torch_op_init(const char *libtorch_path);
 /* The thread request (gdn_update_run's num_threads) of calls through the ops: the
  * Cython layer's _call_threads(None), kept current by it. */
 void gdn_torch_op_threads(int request);
+
+/* The ops' call without torch's dispatcher, on torch.Tensor Python objects the caller
+ * holds (torch_op.c). gdn_torch_direct_init (after gdn_torch_op_init; with the GIL,
+ * `header` PyObject_HEAD's size, *probe a new reference the caller releases): 0 when
+ * the calls are possible. gdn_torch_direct: objs the op's tensor arguments in its order
+ * (x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices[, out]; an absent
+ * one's place holds x), the op's flags and pad_slot_id; 1 when the kernel ran (no GIL
+ * needed), with the new out's handle in *new_out unless `into`; 0 refused, nothing
+ * written. gdn_torch_wrap (with the GIL): that handle as a new Python object (a new
+ * reference; NULL with a Python error set), the handle freed. */
+int gdn_torch_direct_init(const char *libtorch_python_path, size_t header, void **probe);
+int gdn_torch_direct(void *const objs[7], int into, int64_t flags, int64_t pad, void **new_out);
+void *gdn_torch_wrap(void *tensor);
 
 #endif

@@ -52,7 +52,7 @@ cimport numpy as cnp
 from cpython.exc cimport PyErr_Clear
 from cpython.pycapsule cimport (PyCapsule_Destructor, PyCapsule_GetContext, PyCapsule_GetPointer, PyCapsule_IsValid,
                                 PyCapsule_New, PyCapsule_SetContext)
-from cpython.ref cimport PyObject
+from cpython.ref cimport PyObject, Py_XDECREF
 from libc.stdint cimport int32_t, int64_t, intptr_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memset
 

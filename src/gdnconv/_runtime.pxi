@@ -131,6 +131,108 @@ def _torch_op_init(libtorch_path):
     return rc
 
 
+def _torch_direct_init(libtorch_python_path):
+    """Make the ops' call without torch's dispatcher (``_direct_new`` / ``_direct_into``,
+    src/csrc/torch_op.c) where this torch's Python objects hold their tensors where
+    torch 2.13's do, checked on a tensor of its own; after ``_torch_op_init``.
+    ``libtorch_python_path``: the loaded libtorch_python. Returns 0 when the calls are
+    possible, a negative code when not."""
+    cdef void *probe = NULL
+    rc = gdn_torch_direct_init(os.fsencode(libtorch_python_path), sizeof(PyObject), &probe)
+    Py_XDECREF(<PyObject *>probe)
+    return rc
+
+
+cdef dict _in_place_types = {}
+
+
+cdef bint _read_in_place(object t):
+    """A weight or bias the op's call reads: a torch.Tensor, an nn.Parameter, or a subclass of
+    nn.Parameter without its own ``__torch_dispatch__`` (vLLM's ModelWeightParameter), whose
+    tensor is read with none of its Python functions run, as gdnconv.vllm._plain reads it (the
+    direct call reads it in C; the torch op is called with subclass functions off); decided
+    once per type."""
+    tp = type(t)
+    if tp is _tensor_type or tp is _parameter_type:
+        return True
+    known = _in_place_types.get(tp)
+    if known is None:
+        known = _in_place_types[tp] = (issubclass(tp, _parameter_type) and
+                                       getattr(tp, "__torch_dispatch__", None) is _tensor_type.__torch_dispatch__)
+    return known
+
+
+cdef bint _negated(object t) except -1:
+    """t.is_neg(), for a Parameter subclass with its Python functions off (as _plain reads it)."""
+    if type(t) is _tensor_type or type(t) is _parameter_type:
+        return t.is_neg()
+    with _torch._C.DisableTorchFunctionSubclass():
+        return t.is_neg()
+
+
+cdef bint _needs_grad(object t) except -1:
+    """t.requires_grad, for a Parameter subclass with its Python functions off."""
+    if type(t) is _tensor_type or type(t) is _parameter_type:
+        return t.requires_grad
+    with _torch._C.DisableTorchFunctionSubclass():
+        return t.requires_grad
+
+
+cdef object _direct(tuple args, int64_t flags, int64_t pad_slot_id):
+    """The ops' call without the dispatcher on args (x, conv_state, weight, bias,
+    num_accepted_tokens, conv_state_indices[, out]: torch.Tensors, the weight and bias
+    _read_in_place; an absent one's place holding x) after the caller's checks: what the
+    dispatcher did for the op, it does itself: an input with a negation bit (x, weight,
+    bias, the index arrays) is refused (its memory holds the values negated; the Cython
+    path refuses or resolves it). Returns the new out (no out given) or True when the
+    kernel ran, None when refused, nothing written."""
+    cdef void *objs[7]
+    cdef void *made = NULL
+    cdef int i, done, into = len(args) == 7
+    for i in range(len(args)):
+        objs[i] = <void *>args[i]
+    if (args[0].is_neg() or _negated(args[2]) or (flags & GDN_OP_BIAS and _negated(args[3]))
+            or (flags & GDN_OP_ACCEPTED and args[4].is_neg()) or (flags & GDN_OP_INDICES and args[5].is_neg())):
+        return None
+    with nogil:
+        done = gdn_torch_direct(objs, into, flags, pad_slot_id, &made)
+    if not done:
+        return None
+    return True if into else gdn_torch_wrap(made)
+
+
+cdef bint _direct_types(tuple args):
+    """Every argument a torch.Tensor, the weight and bias also _read_in_place."""
+    cdef int i
+    if not _is_tensor(args[0]):    # (which also looks torch.Tensor up, once)
+        return False
+    for i in range(len(args)):
+        if type(args[i]) is not _tensor_type and not ((i == 2 or i == 3) and _read_in_place(args[i])):
+            return False
+    return True
+
+
+def _direct_new(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, int64_t flags,
+                int64_t pad_slot_id):
+    """``torch.ops._gdnconv.update_new``'s call without the dispatcher: its arguments, its
+    result (a new tensor, or None where it does not take the call, nothing written), for
+    torch.Tensors (the weight and bias also Parameters). The caller's checks are the op's
+    (``_op_update``, which makes this call inline)."""
+    args = (x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices)
+    return _direct(args, flags, pad_slot_id) if _direct_types(args) else None
+
+
+cdef object _direct_new_call = _direct_new    # (_op_update makes this call inline)
+
+
+def _direct_into(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, out, int64_t flags,
+                 int64_t pad_slot_id):
+    """``torch.ops._gdnconv.update_into``'s call without the dispatcher: 1 when ``out`` (and
+    ``conv_state``) were written, 0 when it does not take the call (nothing written)."""
+    args = (x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, out)
+    return 1 if _direct_types(args) and _direct(args, flags, pad_slot_id) is not None else 0
+
+
 cdef inline bint _op_writable(object t, bint inside):
     """A tensor the op may write: exactly a torch.Tensor, no grad required, no negation bit,
     not an inference tensor outside inference mode (what torch's stable ABI cannot read)."""
@@ -140,28 +242,32 @@ cdef inline bint _op_writable(object t, bint inside):
 
 def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
                pad_slot_id, out, int flags):
-    """gdnconv.vllm's usual decode call through the torch ops ``op_new`` / ``op_into``
-    (``torch.ops._gdnconv.update_new`` / ``update_into``, src/csrc/torch_op.c; None: no op
-    here): ``out`` None (into a new tensor, which it returns) or given, ``flags`` the
-    GDN_OP_* of the call's layout (tokens last, packed weight, skipped rows from x).
-    Returns the result, or None where the op does not take the call, before anything is
-    written: no op; an argument not a plain torch.Tensor (an nn.Parameter weight or bias
-    too) or None; in grad mode, a given out (there the dispatcher's autograd fallback costs
-    what the op saves) or an input that requires grad (the op's output would get an
-    autograd history the core's own call does not give); a written tensor (conv_state, out)
-    that requires grad, carries a negation bit or is an inference tensor outside inference
-    mode; an activation or pad_slot_id of another type; or whatever the op refuses. An input
-    with a pending negation bit (x, weight, bias), or a zero tensor
-    (torch._efficientzerotensor) weight or bias, torch's dispatcher makes plain before the
-    op runs, so the op computes on its values, where the Cython intake refuses such a
-    tensor (asking for resolve_neg(), or as memoryless). Under inference mode the op takes
-    1.0-2.3 us less a call with a new out (the plugin's) than the core's Cython intake at
-    one to four requests, about even with a given out (benchmarks/bench_op.py); these checks
-    in Cython rather than Python, 0.2-0.45 us less (benchmarks/README.md, stop 53)."""
+    """gdnconv.vllm's usual decode call through the ops' call ``op_new`` / ``op_into``
+    (``_direct_new`` / ``_direct_into``, without torch's dispatcher, made inline here; or
+    the torch ops ``torch.ops._gdnconv.update_new`` / ``update_into``; src/csrc/torch_op.c;
+    None: neither here): ``out`` None (into a new tensor, which it returns) or given,
+    ``flags`` the GDN_OP_* of the call's layout (tokens last, packed weight, skipped rows
+    from x). Returns the result, or None where the call is not taken, before anything is
+    written: no op; an argument not a plain torch.Tensor or None (a weight or bias may be
+    an nn.Parameter or a Parameter subclass without its own ``__torch_dispatch__``, whose
+    tensor is read with none of its Python functions run: ``_read_in_place``); a written
+    tensor (conv_state, out) that requires grad, carries a negation bit or is an inference
+    tensor outside inference mode; an activation or pad_slot_id of another type; in grad mode, a given out (there
+    the dispatcher's autograd fallback costs what the torch op saves) or an input that
+    requires grad (the torch op's output would get an autograd history the core's own call
+    does not give); or whatever the call refuses. An input with a pending negation bit (x,
+    weight, bias), or a zero tensor (torch._efficientzerotensor) weight or bias, torch's
+    dispatcher makes plain before the torch op runs, so that op computes on its values,
+    where the direct call and the Cython intake refuse such a tensor (asking for
+    resolve_neg(), or as memoryless). Under inference mode the torch op takes 1.0-2.3
+    us less a call with a new out (the plugin's) than the core's Cython intake at one to
+    four requests, about even with a given out (benchmarks/bench_op.py); these checks in
+    Cython rather than Python, 0.2-0.45 us less (benchmarks/README.md, stop 53); the
+    direct call 2.0-2.5 us less than the torch op (stop 55)."""
     if op_new is None or not _is_tensor(x):
         return None
     if (type(x) is not _tensor_type or type(conv_state) is not _tensor_type or type(pad_slot_id) is not int
-            or (type(weight) is not _tensor_type and type(weight) is not _parameter_type)):
+            or not _read_in_place(weight)):
         return None
     cdef bint grad = _grad_enabled()
     if grad and out is not None:     # (asked first: the checks below cost what the op would save)
@@ -180,7 +286,7 @@ def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_acc
     if bias is not None:
         b = bias
         flags |= GDN_OP_BIAS
-        if type(b) is not _tensor_type and type(b) is not _parameter_type:
+        if not _read_in_place(b):
             return None
     if num_accepted_tokens is not None:
         nat = num_accepted_tokens
@@ -192,16 +298,47 @@ def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_acc
         flags |= GDN_OP_INDICES
         if type(idx) is not _tensor_type:
             return None
-    if grad and (x.requires_grad or weight.requires_grad or b.requires_grad):
+    if grad and (x.requires_grad or _needs_grad(weight) or _needs_grad(b)):
         return None
-    try:    # (the dispatcher refuses a meta or other device's tensor, before the kernel runs)
-        if out is None:
-            return op_new(x, conv_state, weight, b, nat, idx, flags, pad_slot_id)
-        if op_into(x, conv_state, weight, b, nat, idx, out, flags, pad_slot_id):
-            return out
-    except Exception:
-        pass
-    return None
+    if op_new is _direct_new_call:    # (made inline)
+        done = _direct((x, conv_state, weight, b, nat, idx) if out is None else
+                       (x, conv_state, weight, b, nat, idx, out), flags, pad_slot_id)
+    else:
+        try:    # (the dispatcher refuses a meta or other device's tensor, before the kernel runs)
+            if _exact(weight) and _exact(b):
+                done = _dispatched(op_new, op_into, (x, conv_state, weight, b, nat, idx), out, flags, pad_slot_id)
+            else:   # a Parameter subclass's tensor, its Python functions off, as _plain reads it
+                with _torch._C.DisableTorchFunctionSubclass():
+                    done = _dispatched(op_new, op_into, (x, conv_state, weight, b, nat, idx), out, flags,
+                                       pad_slot_id)
+        except Exception:
+            done = None
+    if _op_log is not None:
+        _op_log.append(done is not None)
+    return done if out is None or done is None else out
+
+
+cdef inline bint _exact(object t):
+    return type(t) is _tensor_type or type(t) is _parameter_type
+
+
+cdef object _dispatched(op_new, op_into, tuple args, out, int flags, object pad_slot_id):
+    """The torch op's call: its new out, or True (out given and written), or None."""
+    if out is None:
+        return op_new(*args, flags, pad_slot_id)
+    return True if op_into(*args, out, flags, pad_slot_id) else None
+
+
+cdef object _op_log = None
+
+
+def _log_op_calls(log):
+    """From now on each call ``_op_update`` makes (direct or through the torch ops) appends
+    whether it was taken to ``log`` (anything with ``append``); None stops it. For tests
+    and the engine driver (tests/vllm_engine.py). Returns the previous log."""
+    global _op_log
+    previous, _op_log = _op_log, log
+    return previous
 
 
 def set_out_cache_bytes(nbytes):

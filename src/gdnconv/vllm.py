@@ -256,19 +256,28 @@ _OP_TOKENS_LAST, _OP_PACKED, _OP_SKIPPED_FROM_X = 2, 4, 8     # torch_op.h's GDN
 
 
 def _load_ops():
-    """(update_new, update_into): the usual decode call as torch ops on torch's stable C ABI,
-    registered from gdnconv's own module (no build against torch), or (None, None) off Linux,
-    where this torch lacks the ABI's functions, or with GDNCONV_TORCH_OP=0."""
+    """((update_new, update_into), (direct_new, direct_into)): the usual decode call as torch
+    ops on torch's stable C ABI, registered from gdnconv's own module (no build against torch),
+    and the same call without torch's dispatcher where this torch's tensor objects allow it
+    (_core._torch_direct_init); (None, None) for what this process cannot have: off Linux,
+    where this torch lacks the ABI's functions, or with GDNCONV_TORCH_OP=0 (neither)."""
     if os.environ.get("GDNCONV_TORCH_OP", "").strip() == "0" or not sys.platform.startswith("linux"):
-        return None, None
-    if _core._torch_op_init(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")) != 0:
-        return None, None
+        return (None, None), (None, None)
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    if _core._torch_op_init(os.path.join(lib, "libtorch_cpu.so")) != 0:
+        return (None, None), (None, None)
     new, into = torch.ops._gdnconv.update_new.default, torch.ops._gdnconv.update_into.default
     # the C function behind each overload where torch has it (OpOverload.__call__ is a Python frame)
-    return getattr(new, "_op", new), getattr(into, "_op", into)
+    ops = getattr(new, "_op", new), getattr(into, "_op", into)
+    if _core._torch_direct_init(os.path.join(lib, "libtorch_python.so")) != 0:
+        return ops, (None, None)
+    return ops, (_core._direct_new, _core._direct_into)
 
 
-_op_new, _op_into = _load_ops()
+# the op's call as the routes make it: without the dispatcher where possible (~2 us less a
+# call), else through torch.ops; tests and benchmarks replace these
+_dispatched_ops, _direct_ops = _load_ops()
+_op_new, _op_into = _direct_ops if _direct_ops[0] is not None else _dispatched_ops
 
 
 # ---- index conventions ----
@@ -383,19 +392,23 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     Raises ValueError/TypeError naming the argument (with the caller's shapes) for anything
     gdnconv refuses; nothing is written then.
     """
+    usual = (query_start_loc is None and block_idx_last_scheduled_token is None and initial_state_idx is None
+             and null_block_id is None and type(max_query_len) is int and not _is_compiling())
+    if usual and (is_weight_packed is True or is_weight_packed is False):
+        # the op first (_op_update), weight and bias as they come: its direct call reads a Parameter
+        # subclass's memory in place, as _plain would give it, with none of its Python functions run
+        target = x if out is None else out
+        done = _core._op_update(_op_new, _op_into, x, conv_state, weight, bias, activation, num_accepted_tokens,
+                                conv_state_indices, pad_slot_id, target, _OP_PACKED if is_weight_packed else 0)
+        if done is not None:
+            return done
     weight, bias = _plain(weight), _plain(bias)   # (once, for the try and the full path)
-    if (query_start_loc is None and block_idx_last_scheduled_token is None and initial_state_idx is None
-            and null_block_id is None and type(max_query_len) is int and not _is_compiling()):
+    if usual:
         # vLLM's decode call: the core reads its arguments as they come (torch tensors, a (batch,)
         # conv_state_indices, weights in x's dtype or float32) in one call. What it refuses (before
         # any write, and before running user code) goes through the full path below, which maps the
         # other forms vLLM's conventions allow and gives this function's messages (~2 us less a call).
         target = x if out is None else out
-        if is_weight_packed is True or is_weight_packed is False:   # the op first (not in grad mode: _op_update)
-            done = _core._op_update(_op_new, _op_into, x, conv_state, weight, bias, activation, num_accepted_tokens,
-                                    conv_state_indices, pad_slot_id, target, _OP_PACKED if is_weight_packed else 0)
-            if done is not None:
-                return done
         try:
             _core._conv_update_vllm(x, conv_state, weight, bias, activation=activation, num_accepted_tokens=num_accepted_tokens,
                                     conv_state_indices=conv_state_indices, pad_slot_id=pad_slot_id, out=target,

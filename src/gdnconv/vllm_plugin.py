@@ -109,13 +109,14 @@ def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indi
     """gdn_attention._causal_conv1d_update_cpu: x (B, D) or (B, T, D) channels last, conv_states
     (S, D, L) in either storage, pad -1; returns a new tensor like x."""
     gv = _gv or _vllm_adapters()
-    weight, bias = gv._plain(weight), gv._plain(bias)   # (once, for the tries and the full path)
-    if (is_weight_packed is True or is_weight_packed is False) and not gv._is_compiling():   # as one torch op
+    if (is_weight_packed is True or is_weight_packed is False) and not gv._is_compiling():   # as one op call
+        # (weight and bias as they come: the direct call reads vLLM's Parameter subclass in place)
         out = gv._core._op_update(gv._op_new, gv._op_into, x, conv_states, weight, bias, silu_activation,
                                   num_accepted_tokens, conv_state_indices, gv.PAD_SLOT_ID, None,
                                   gv._OP_TOKENS_LAST | (gv._OP_PACKED if is_weight_packed else 0))
         if out is not None:
             return out
+    weight, bias = gv._plain(weight), gv._plain(bias)   # (once, for the try and the full path)
     try:     # the usual call, as gdnconv.vllm.causal_conv1d_update tries it, in the op's (B, T, D) order
         return gv._core._conv_update_vllm(x, conv_states, weight, bias,
                                           activation=silu_activation, num_accepted_tokens=num_accepted_tokens,
@@ -180,19 +181,21 @@ def _update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_in
     if pad is None:
         pad = kwargs.get("null_block_id")
         pad = gv.NULL_BLOCK_ID if pad is None else pad
-    weight, bias = gv._plain(weight), gv._plain(bias)   # (once, for the try and the full path)
     cache = _cache_kw(kwargs)
     # the usual call as one core call into a new out laid out like x (channels contiguous: the core
     # would compute a strided x on a contiguous copy, and return that copy's layout, not x's as vLLM)
-    if (query_start_loc is None and not cache and type(kwargs.get("max_query_len", -1)) is int
-            and x.dim() >= 2 and x.stride(1) == 1 and not gv._is_compiling()):
-        packed = kwargs.get("is_weight_packed", False)
-        if packed is True or packed is False:   # the usual call as one torch op
-            out = gv._core._op_update(gv._op_new, gv._op_into, x, conv_state, weight, bias, activation,
-                                      kwargs.get("num_accepted_tokens"), conv_state_indices, pad, None,
-                                      gv._OP_SKIPPED_FROM_X | (gv._OP_PACKED if packed else 0))
-            if out is not None:
-                return out
+    usual = (query_start_loc is None and not cache and type(kwargs.get("max_query_len", -1)) is int
+             and x.dim() >= 2 and x.stride(1) == 1 and not gv._is_compiling())
+    packed = kwargs.get("is_weight_packed", False)
+    if usual and (packed is True or packed is False):   # the usual call as one op call
+        # (weight and bias as they come: the direct call reads vLLM's Parameter subclass in place)
+        out = gv._core._op_update(gv._op_new, gv._op_into, x, conv_state, weight, bias, activation,
+                                  kwargs.get("num_accepted_tokens"), conv_state_indices, pad, None,
+                                  gv._OP_SKIPPED_FROM_X | (gv._OP_PACKED if packed else 0))
+        if out is not None:
+            return out
+    weight, bias = gv._plain(weight), gv._plain(bias)   # (once, for the try and the full path)
+    if usual:
         try:     # its pad rows x's; x and the state alike in dtype
             return gv._core._conv_update_vllm(x, conv_state, weight, bias, activation=activation,
                                               num_accepted_tokens=kwargs.get("num_accepted_tokens"),
