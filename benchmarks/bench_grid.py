@@ -78,13 +78,13 @@ RATIOS = {"np_vllm": ("np", "vLLM", "np/vLLM"), "py_vllm": ("vllm.py", "vLLM", "
           "vllm_best": ("vLLM", "best", "vLLM/bs")}
 
 
-def decode_case(torch, ops, rng, mode, D, B, rotation, weight, threads):
+def decode_case(torch, ops, rng, mode, D, B, rotation, weight, threads, vllm_weights="tensor"):
     """(peers, bytes, layers) of one decode case."""
     import gdnconv
     plain = mode == "plain"
     T = 1 if plain else 4
     L = bench_vllm.W_VLLM - 1 if plain else bench_vllm.W_VLLM - 2 + T
-    make = lambda: bench_vllm.Peer(torch, ops, rng, B, T, D, L, weight=weight)
+    make = lambda: bench_vllm.Peer(torch, ops, rng, B, T, D, L, weight=weight, vllm_weights=vllm_weights)
     layers = [make()]
     while len(layers) < rotation.layers(layers[0].held_bytes):
         layers.append(make())
@@ -169,6 +169,11 @@ def main(argv=None):
                          "and vllm.py the plain bf16 (D, W) weight, converted in every call (the figures of "
                          "stops before 38); vLLM always gets its packed weight, and plugin the weight vLLM's engine hands over "
                          "(packed where vLLM's op runs) (default: %(default)s)")
+    ap.add_argument("--vllm-weights", choices=("tensor", "parameter"), default="tensor",
+                    help="decode: the weight objects of vLLM's layer (its packed weight, its plain one), which vLLM, "
+                         "plugin and vllm.py get, as plain tensors, or as vLLM 0.32's engine holds them: a Parameter "
+                         "subclass with a Python __torch_function__ (ModelWeightParameter; harness.vllm_weight), which "
+                         "vLLM's op runs on every call (default: %(default)s)")
     ap.add_argument("--no-out-cache", action="store_true",
                     help="gdnconv.set_out_cache_bytes(0): new outs of 4 MiB or more from malloc, as before stop 46 "
                          "(default: reused from gdnconv's cache)")
@@ -197,7 +202,8 @@ def main(argv=None):
           f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, threads {threads} (both)"
           f"{'; out cache off' if args.no_out_cache else ''}")
     print(f"{rotation.describe()}")
-    print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}; medians of {args.rounds} interleaved rounds, "
+    print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}, vLLM's weight objects {args.vllm_weights}; "
+          f"medians of {args.rounds} interleaved rounds, "
           f"us per call; ratios of medians (< 1: gdnconv faster); iqr: the case's largest interquartile range, % of "
           f"the median; other%: CPU time of other processes meanwhile, % of one CPU")
     cols = [c for c in PEERS if (c != "vLLM" or ops is not None) and (c != "copyN" or threads > 1)]
@@ -214,7 +220,8 @@ def main(argv=None):
                 if mode == "prefill":
                     peers, nbytes, n = prefill_case(torch, ops, rng, D, B, T, rotation, args.weight, threads)
                 else:
-                    peers, nbytes, n = decode_case(torch, ops, rng, mode, D, B, rotation, args.weight, threads)
+                    peers, nbytes, n = decode_case(torch, ops, rng, mode, D, B, rotation, args.weight, threads,
+                                                   args.vllm_weights)
                 med, iqr, others = None, 0.0, float("inf")
                 for _ in range(3 if args.wait_quiet > 0 else 1):   # disturbed by other processes: wait, retry
                     wait_quiet(args.wait_quiet)

@@ -14,8 +14,9 @@ decode (T = 4), in three regimes: grad mode, ``torch.no_grad()`` and ``torch.inf
 (vLLM's steps). The state is made outside inference mode (as vLLM's cache); the step's tensors
 (x, indices, a given out) inside it in the inference regime, as vLLM's are. ``--weight
 subclass``: the weight an nn.Parameter subclass with a Python ``__torch_function__``, as
-vLLM's ModelWeightParameter (its conv1d's weight in vLLM 0.32). Warm (repeated calls on the
-same arrays), one thread, bf16, W = 4, SiLU; medians of the rounds, us per call.
+vLLM's ModelWeightParameter (its conv1d's weight in vLLM 0.32; ``harness.vllm_weight``).
+Warm (repeated calls on the same arrays), one thread, bf16, W = 4, SiLU; medians of the
+rounds, us per call.
 """
 import argparse
 import contextlib
@@ -26,17 +27,9 @@ import torch
 import gdnconv
 import gdnconv.vllm as gv
 import gdnconv.vllm_plugin as vp
-from harness import sample_ns
+from harness import sample_ns, vllm_weight
 
 REGIMES = {"grad": contextlib.nullcontext, "no_grad": torch.no_grad, "inference": torch.inference_mode}
-
-
-class WeightParameter(torch.nn.Parameter):
-    """As vLLM's BasevLLMParameter: a Parameter subclass whose __torch_function__ is Python."""
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return super().__torch_function__(func, types, args, kwargs or {})
 
 
 def calls(B, D, T, regime, weight):
@@ -45,7 +38,7 @@ def calls(B, D, T, regime, weight):
     st = torch.randn(64, L, D, dtype=torch.bfloat16).transpose(1, 2)
     w = gv.pack_weight_like_vllm(torch.randn(D, 4, dtype=torch.bfloat16))
     if weight == "subclass":
-        w = WeightParameter(w, requires_grad=False)
+        w = vllm_weight(w)
     with REGIMES[regime]():
         x = torch.randn(B, D, dtype=torch.bfloat16) if T == 1 else torch.randn(B, T, D, dtype=torch.bfloat16)
         idx = torch.randperm(64)[:B].to(torch.int32)

@@ -92,7 +92,8 @@ def plugin_route(attribute):
 class Peer:
     """The same step with gdnconv and with vLLM on shared memory."""
 
-    def __init__(self, torch, ops, rng, B, T, D, L, S=None, bias=False, silu=True, na_max=None, weight="raw"):
+    def __init__(self, torch, ops, rng, B, T, D, L, S=None, bias=False, silu=True, na_max=None, weight="raw",
+                 vllm_weights="tensor"):
         import ml_dtypes
         import gdnconv
         bf16 = ml_dtypes.bfloat16
@@ -111,6 +112,13 @@ class Peer:
         self.nat, self.idxt = torch.from_numpy(self.na), torch.from_numpy(self.idx)
         # packed once, as vLLM does at load time (None: gdnconv only, bench_grid.py --without-vllm)
         self.wv = ops.causal_conv1d_weight_pack(self.wt) if ops is not None else None
+        # the weight objects vLLM's layer hands over (its packed one, its plain one): plain tensors,
+        # or with vllm_weights="parameter" as vLLM holds them (harness.vllm_weight)
+        self.wtv = self.wt
+        if vllm_weights == "parameter":
+            from harness import vllm_weight
+            self.wv = vllm_weight(self.wv) if self.wv is not None else None
+            self.wtv = vllm_weight(self.wt)
         self.wg = gdnconv.pack_weight(self.w) if weight == "packed" else self.w
         self.wgt = gdnconv.pack_weight(self.wt) if weight == "packed" else self.wt
         # packed (float32) weights take a float32 bias; the values are the same bf16 ones
@@ -161,7 +169,7 @@ class Peer:
         f = plugin_route("causal_conv1d_update_cpu")
         x, kw = (x[:, 0], {}) if plain else (x.transpose(1, 2), {"num_accepted_tokens": na})
         act = "silu" if self.silu else None
-        return lambda: f(x=x, conv_state=st, weight=self.wt, bias=self.bt, activation=act,
+        return lambda: f(x=x, conv_state=st, weight=self.wtv, bias=self.bt, activation=act,
                          conv_state_indices=self.idxt, pad_slot_id=-1, **kw)
 
     def gdn_vllm(self, plain=False, packed=False, out=None):
@@ -176,7 +184,7 @@ class Peer:
         import gdnconv.vllm as gv
         o = self.outt if out is None else out
         x, o = (self.xt[:, 0], o[:, 0]) if plain else (self.xt.transpose(1, 2), o.transpose(1, 2))
-        st, w, b, idx, na = self.st.transpose(1, 2), self.wt, self.bt, self.idxt, None if plain else self.nat
+        st, w, b, idx, na = self.st.transpose(1, 2), self.wtv, self.bt, self.idxt, None if plain else self.nat
         if packed:
             w = self.wv
         act = "silu" if self.silu else None

@@ -88,6 +88,26 @@ class Rotation:
                 f"repeated calls on the same arrays)")
 
 
+_VLLM_WEIGHT = []
+
+
+def vllm_weight(t):
+    """The torch tensor t as vLLM 0.32 holds a layer's weight (its conv1d's too): a
+    ModelWeightParameter, an nn.Parameter subclass whose ``__torch_function__`` is Python
+    (vllm.model_executor.parameter.BasevLLMParameter's: it calls super()), requires_grad
+    False; mirrored here, so that vLLM need not be imported."""
+    if not _VLLM_WEIGHT:
+        import torch
+
+        class ModelWeightParameter(torch.nn.Parameter):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                return super().__torch_function__(func, types, args, kwargs or {})
+
+        _VLLM_WEIGHT.append(ModelWeightParameter)
+    return _VLLM_WEIGHT[0](t, requires_grad=False)
+
+
 def cycle(calls, turn=None):
     """One no-argument callable that calls ``calls[0]``, ``calls[1]``, ... in turn.
     ``turn``, an iterator of indices (``itertools.cycle(range(n))``), may be shared by the

@@ -223,6 +223,28 @@ def test_bench_grid_without_vllm_times_gdnconv_against_the_copy(capsys, tmp_path
     assert "np / copy, prefill" in out and "vLLM, every case" not in out
 
 
+def test_bench_grid_vllm_weights_as_parameters(capsys):
+    """--vllm-weights parameter: the peers that get vLLM's weight objects (plugin, vllm.py; vLLM
+    where it runs) get them as vLLM's engine holds them, a Parameter subclass with a Python
+    __torch_function__, and every decode row is timed."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    import bench_grid
+    import bench_vllm
+    import harness
+    p = bench_vllm.Peer(torch, None, np.random.default_rng(0), 2, 1, 64, 3, vllm_weights="parameter")
+    assert type(p.wtv) is type(harness.vllm_weight(p.wt)) and isinstance(p.wtv, torch.nn.Parameter)
+    assert type(p.wtv).__torch_function__ is not torch.nn.Parameter.__torch_function__
+    assert bench_grid.main(["--without-vllm", "--lib", "/nonexistent/_C.abi3.so", "--modes", "plain", "spec",
+                            "--dims", "64", "--batch", "4", "--rounds", "1", "--sample-us", "10", "--wait-quiet", "0",
+                            "--vllm-weights", "parameter", "--csv", ""]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM's weight objects parameter" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:2] in (["plain", "64"], ["spec", "64"])]
+    assert [r[:3] for r in rows] == [["plain", "64", "B=4"], ["spec", "64", "B=4"]]
+    assert all(float(v) > 0 for r in rows for v in r[5:8])
+
+
 def test_bench_grid_no_out_cache_turns_the_reuse_off(capsys):
     """--no-out-cache times new outs from malloc (the behaviour before the out cache): the
     limit is 0 while the grid runs and the header says so."""
