@@ -79,12 +79,13 @@ def _time_conv_sites():
 
 
 def _count_ops():
-    """With the engine in this process (tp=1): how many calls gdnconv's torch op (gdnconv.vllm's
-    _op_new / _op_into) took and refused from now on, or None where this process has no op."""
+    """With the engine in this process (tp=1): how many calls gdnconv's op call (gdnconv.vllm's
+    _op_new / _op_into: direct, or through torch.ops) took and refused from now on
+    (_core._log_op_calls), or None where this process has no op."""
     import gdnconv.vllm as gv
     if gv._op_new is None:
         return None
-    counts = {"taken": 0, "refused": 0}
+    counts = {"taken": 0, "refused": 0, "direct": gv._op_new is gv._direct_ops[0]}
 
     class Tally:
         def append(self, taken):
