@@ -139,6 +139,8 @@ def _torch_direct_init(libtorch_python_path):
     possible, a negative code when not."""
     cdef void *probe = NULL
     rc = gdn_torch_direct_init(os.fsencode(libtorch_python_path), sizeof(PyObject), &probe)
+    if probe == NULL:
+        PyErr_Clear()   # (a failed wrap's error, if any: no direct calls then)
     Py_XDECREF(<PyObject *>probe)
     return rc
 
