@@ -265,7 +265,7 @@ def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_acc
     us less a call with a new out (the plugin's) than the core's Cython intake at one to
     four requests, about even with a given out (benchmarks/bench_op.py); these checks in
     Cython rather than Python, 0.2-0.45 us less (benchmarks/README.md, stop 53); the
-    direct call 2.0-2.5 us less than the torch op (stop 55)."""
+    direct call 1.6-2.1 us less than the torch op (stop 55)."""
     if op_new is None or not _is_tensor(x):
         return None
     if (type(x) is not _tensor_type or type(conv_state) is not _tensor_type or type(pad_slot_id) is not int
