@@ -248,10 +248,11 @@ def test_an_input_with_a_negation_bit_is_read_as_its_values(arg, entry, monkeypa
     args[arg] = torch._neg_view(-args[arg])
     st2 = st.clone()
     if entry == "direct":
+        out = torch.full_like(x, 7.0)
         with pytest.raises(ValueError, match=f"^{arg} has a pending negation bit; call .resolve_neg"):
-            gv.causal_conv1d_update(args["x"], st, args["weight"], args["bias"], "silu", slots,
-                                    out=torch.zeros_like(x))
+            gv.causal_conv1d_update(args["x"], st, args["weight"], args["bias"], "silu", slots, out=out)
         assert op_calls == [False] and torch.equal(bits_t(st), bits_t(st2))
+        assert torch.equal(bits_t(out), bits_t(torch.full_like(x, 7.0)))
         return
     neg = args[arg]
     out = gv.causal_conv1d_update(args["x"], st, args["weight"], args["bias"], "silu", slots,

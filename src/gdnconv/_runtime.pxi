@@ -145,6 +145,10 @@ def _torch_direct_init(libtorch_python_path):
     return rc
 
 
+cdef inline bint _exact(object t):
+    return type(t) is _tensor_type or type(t) is _parameter_type
+
+
 cdef dict _in_place_types = {}
 
 
@@ -154,9 +158,9 @@ cdef bint _read_in_place(object t):
     tensor is read with none of its Python functions run, as gdnconv.vllm._plain reads it (the
     direct call reads it in C; the torch op is called with subclass functions off); decided
     once per type."""
-    tp = type(t)
-    if tp is _tensor_type or tp is _parameter_type:
+    if _exact(t):
         return True
+    tp = type(t)
     known = _in_place_types.get(tp)
     if known is None:
         known = _in_place_types[tp] = (issubclass(tp, _parameter_type) and
@@ -164,20 +168,13 @@ cdef bint _read_in_place(object t):
     return known
 
 
-cdef bint _negated(object t) except -1:
-    """t.is_neg(), for a Parameter subclass with its Python functions off (as _plain reads it)."""
-    if type(t) is _tensor_type or type(t) is _parameter_type:
-        return t.is_neg()
+cdef bint _plain_flag(object t, bint neg) except -1:
+    """t.is_neg() (neg) or t.requires_grad, a Parameter subclass's with its Python functions
+    off (as _plain reads it)."""
+    if _exact(t):
+        return t.is_neg() if neg else t.requires_grad
     with _torch._C.DisableTorchFunctionSubclass():
-        return t.is_neg()
-
-
-cdef bint _needs_grad(object t) except -1:
-    """t.requires_grad, for a Parameter subclass with its Python functions off."""
-    if type(t) is _tensor_type or type(t) is _parameter_type:
-        return t.requires_grad
-    with _torch._C.DisableTorchFunctionSubclass():
-        return t.requires_grad
+        return t.is_neg() if neg else t.requires_grad
 
 
 cdef object _direct(tuple args, int64_t flags, int64_t pad_slot_id):
@@ -193,7 +190,7 @@ cdef object _direct(tuple args, int64_t flags, int64_t pad_slot_id):
     cdef int i, done, into = len(args) == 7
     for i in range(len(args)):
         objs[i] = <void *>args[i]
-    if (args[0].is_neg() or _negated(args[2]) or (flags & GDN_OP_BIAS and _negated(args[3]))
+    if (args[0].is_neg() or _plain_flag(args[2], True) or (flags & GDN_OP_BIAS and _plain_flag(args[3], True))
             or (flags & GDN_OP_ACCEPTED and args[4].is_neg()) or (flags & GDN_OP_INDICES and args[5].is_neg())):
         return None
     with nogil:
@@ -300,7 +297,7 @@ def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_acc
         flags |= GDN_OP_INDICES
         if type(idx) is not _tensor_type:
             return None
-    if grad and (x.requires_grad or _needs_grad(weight) or _needs_grad(b)):
+    if grad and (x.requires_grad or _plain_flag(weight, False) or _plain_flag(b, False)):
         return None
     if op_new is _direct_new_call:    # (made inline)
         done = _direct((x, conv_state, weight, b, nat, idx) if out is None else
@@ -318,10 +315,6 @@ def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_acc
     if _op_log is not None:
         _op_log.append(done is not None)
     return done if out is None or done is None else out
-
-
-cdef inline bint _exact(object t):
-    return type(t) is _tensor_type or type(t) is _parameter_type
 
 
 cdef object _dispatched(op_new, op_into, tuple args, out, int flags, object pad_slot_id):
