@@ -25,9 +25,10 @@ same layers' memory:
   plugin  gdnconv through its vLLM plugin (gdnconv.vllm_plugin), as vLLM's engine calls it:
           the drop-in, behind the plugin's routing wrapper, for the function vLLM's GDN layer
           calls (gdn_attention._causal_conv1d_update_cpu / _causal_conv1d_fwd_cpu with vLLM's
-          packed weight where vLLM's op runs; elsewhere causal_conv1d_update_cpu /
-          causal_conv1d_fn_cpu with the plain weight), a new out per call as vLLM's op
-          returns one (benchmarks/bench_vllm.py's Peer.plugin)
+          packed weight where vLLM's op runs, and for spec the conv of the plugin's
+          _spec_forward, which replaces vLLM's, on the step's metadata; elsewhere
+          causal_conv1d_update_cpu / causal_conv1d_fn_cpu with the plain weight), a new out
+          per call as vLLM's op returns one (benchmarks/bench_vllm.py's Peer.plugin)
   vLLM    torch.ops._C.causal_conv1d_update_cpu / causal_conv1d_fwd_cpu, weights packed
           once per layer (benchmarks/bench_vllm.py, bench_prefill.py build the layers)
   copy    np.copyto rotated through its own buffers: of the call's byte count
@@ -78,7 +79,7 @@ RATIOS = {"np_vllm": ("np", "vLLM", "np/vLLM"), "py_vllm": ("vllm.py", "vLLM", "
           "vllm_best": ("vLLM", "best", "vLLM/bs")}
 
 
-def decode_case(torch, ops, rng, mode, D, B, rotation, weight, threads, vllm_weights="tensor"):
+def decode_case(torch, ops, rng, mode, D, B, rotation, weight, threads, vllm_weights="tensor", vllm_spec="op"):
     """(peers, bytes, layers) of one decode case."""
     import gdnconv
     plain = mode == "plain"
@@ -98,7 +99,8 @@ def decode_case(torch, ops, rng, mode, D, B, rotation, weight, threads, vllm_wei
              "vllm.py": cycle([q.gdn_vllm(plain=plain, packed=vllm_packs(ops, weight), out=shared) for q in layers],
                               turn),
              "plugin": cycle([q.plugin(plain=plain, packed=ops is not None) for q in layers], turn),
-             "vLLM": cycle([q.vllm(plain=plain) for q in layers], turn) if ops is not None else None,
+             "vLLM": cycle([q.vllm(plain=plain, spec_step=vllm_spec == "step") for q in layers], turn)
+                     if ops is not None else None,
              "copy": copy_same_bytes(nbytes, rotation.layers(2 * nbytes)),
              "copyN": copy_same_bytes(nbytes, rotation.layers(2 * nbytes), threads=threads) if threads > 1 else None}
     return {k: f for k, f in peers.items() if f is not None}, nbytes, len(layers)
@@ -169,6 +171,11 @@ def main(argv=None):
                          "and vllm.py the plain bf16 (D, W) weight, converted in every call (the figures of "
                          "stops before 38); vLLM always gets its packed weight, and plugin the weight vLLM's engine hands over "
                          "(packed where vLLM's op runs) (default: %(default)s)")
+    ap.add_argument("--vllm-spec", choices=("op", "step"), default="op",
+                    help="spec: vLLM's op alone (op), or vLLM's speculative conv as its engine runs it, from the "
+                         "step's metadata (step: gdn_attention._spec_forward's checks and index conversions, then "
+                         "the op), as plugin's spec peer runs the plugin's: the plugin's ratio is then like for like, np's and "
+                         "vllm.py's set an op against a step (default: %(default)s)")
     ap.add_argument("--vllm-weights", choices=("tensor", "parameter"), default="tensor",
                     help="decode: the weight objects of vLLM's layer (its packed weight, its plain one), which vLLM, "
                          "plugin and vllm.py get, as plain tensors, or as vLLM 0.32's engine holds them: a Parameter "
@@ -202,7 +209,7 @@ def main(argv=None):
           f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, threads {threads} (both)"
           f"{'; out cache off' if args.no_out_cache else ''}")
     print(f"{rotation.describe()}")
-    print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}, vLLM's weight objects {args.vllm_weights}; "
+    print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}, vLLM's weight objects {args.vllm_weights}, vLLM's spec {args.vllm_spec}; "
           f"medians of {args.rounds} interleaved rounds, "
           f"us per call; ratios of medians (< 1: gdnconv faster); iqr: the case's largest interquartile range, % of "
           f"the median; other%: CPU time of other processes meanwhile, % of one CPU")
@@ -221,7 +228,7 @@ def main(argv=None):
                     peers, nbytes, n = prefill_case(torch, ops, rng, D, B, T, rotation, args.weight, threads)
                 else:
                     peers, nbytes, n = decode_case(torch, ops, rng, mode, D, B, rotation, args.weight, threads,
-                                                   args.vllm_weights)
+                                                   args.vllm_weights, args.vllm_spec)
                 med, iqr, others = None, 0.0, float("inf")
                 for _ in range(3 if args.wait_quiet > 0 else 1):   # disturbed by other processes: wait, retry
                     wait_quiet(args.wait_quiet)

@@ -7,10 +7,11 @@ The op's call (src/csrc/torch_op.c) is made without torch's dispatcher where thi
 it (``direct``: gdnconv.vllm's default, ``_core._direct_new`` / ``_direct_into``), or through
 ``torch.ops._gdnconv`` (``torch op``, on torch's stable C ABI); the core's Cython intake takes
 the same call when neither is on (``cython``). This times the three, alternated round by
-round, for the two routes that try the op: ``gdnconv.vllm.causal_conv1d_update`` with a given
+round, for the routes that try the op: ``gdnconv.vllm.causal_conv1d_update`` with a given
 out (vLLM's order, vLLM's packed bf16 weight) and the plugin's drop-in for
 ``gdn_attention._causal_conv1d_update_cpu`` (a new out, tokens last), plain and speculative
-decode (T = 4), in three regimes: grad mode, ``torch.no_grad()`` and ``torch.inference_mode()``
+decode (T = 4), and with T = 4 the plugin's speculative conv (``_spec_forward``'s: a varlen call
+on vLLM's step metadata, with a (B, T) block table of slots), in three regimes: grad mode, ``torch.no_grad()`` and ``torch.inference_mode()``
 (vLLM's steps). The state is made outside inference mode (as vLLM's cache); the step's tensors
 (x, indices, a given out) inside it in the inference regime, as vLLM's are. ``--weight
 subclass``: the weight an nn.Parameter subclass with a Python ``__torch_function__``, as
@@ -21,6 +22,7 @@ rounds, us per call.
 import argparse
 import contextlib
 import statistics
+import types
 
 import torch
 
@@ -45,13 +47,23 @@ def calls(B, D, T, regime, weight):
         na = torch.randint(1, 4, (B,), dtype=torch.int32) if T > 1 else None
         xv = x if T == 1 else x.transpose(1, 2)      # vLLM's (B, D, T)
         out = torch.empty_like(xv)
-    return {
+    fns = {
         "vllm.py, out given": lambda: gv.causal_conv1d_update(xv, st, w, None, "silu", idx, na, out=out,
                                                               is_weight_packed=True),
         "plugin, new out": lambda: vp._update_op(x=x, conv_states=st, weight=w, bias=None, silu_activation=True,
                                                  conv_state_indices=idx, is_weight_packed=True,
                                                  num_accepted_tokens=na),
     }
+    if T > 1:   # the plugin's speculative conv (_spec_forward's, varlen) on vLLM's step metadata
+        with REGIMES[regime]():
+            meta = types.SimpleNamespace(
+                num_spec_decodes=B, spec_query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32),
+                spec_state_indices_tensor=torch.stack([idx] * T, 1), num_accepted_tokens=na)
+            tokens = x.reshape(B * T, D)
+        conv1d = types.SimpleNamespace(weight=w, bias=None, _cpu_unpacked_conv_weight=True)
+        layer = types.SimpleNamespace(conv1d=conv1d, activation="silu")
+        fns["plugin, spec varlen"] = lambda: vp._spec_conv(layer, meta, tokens, st)
+    return fns
 
 
 def main(argv=None):

@@ -128,13 +128,42 @@ class Peer:
         self.outt = as_torch(np.zeros_like(self.x))
         self.held_bytes = 3 * self.x.nbytes + self.state.nbytes + self.w.nbytes   # x, out, outt, state, weights
 
-    def vllm(self, plain=False):
-        """vLLM's op; ``plain``: plain decode, x (B, D) (T = 1), no num_accepted_tokens."""
+    def vllm(self, plain=False, spec_step=False):
+        """vLLM's op; ``plain``: plain decode, x (B, D) (T = 1), no num_accepted_tokens;
+        ``spec_step``: speculative decode as vLLM's engine runs its conv (``vllm_spec_step``)."""
         o, xt, st, wv, bt, silu, na, idx = self.ops, self.xt, self.st.transpose(1, 2), self.wv, self.bt, \
             self.silu, self.nat, self.idxt
         if plain:
             xt, na = xt[:, 0], None
+        elif spec_step:
+            return self.vllm_spec_step(st)
         return lambda: o.causal_conv1d_update_cpu(xt, st, wv, bt, silu, na, idx, -1, True)
+
+    def vllm_spec_step(self, st):
+        """vLLM 0.32's speculative conv as its engine runs it (gdn_attention._spec_forward, step 1,
+        on the CPUs its op runs on): from the step's metadata (as ``plugin_spec`` gets it), the
+        check that every request has as many tokens, then its op on x (B, T, D), column 0 of the
+        block table and num_accepted_tokens as int32 (the same calls as vLLM's source, in order)."""
+        import types
+        B, T, D, torch, o = self.B, self.T, self.D, self.torch, self.ops
+        meta = types.SimpleNamespace(num_spec_decodes=B,
+                                     spec_query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32),
+                                     spec_state_indices_tensor=torch.stack([self.idxt] * T, 1),
+                                     num_accepted_tokens=self.nat)
+        tokens, wv, bt, silu = self.xt.reshape(B * T, D), self.wv, self.bt, self.silu
+
+        def step():
+            n = meta.num_spec_decodes
+            qsl = meta.spec_query_start_loc[:n + 1]
+            seq_lens = qsl[1:] - qsl[:-1]
+            native = (torch.cpu._is_amx_tile_supported() and n > 0 and bool(torch.all(seq_lens == seq_lens[0]).item())
+                      and int(seq_lens[0].item()) > 0)
+            assert native, "vLLM's engine would take its per-request torch loop here"
+            q = int(seq_lens[0].item())
+            return o.causal_conv1d_update_cpu(
+                tokens.view(n, q, D), st, wv, bt, silu, meta.num_accepted_tokens[:n].to("cpu", torch.int32),
+                meta.spec_state_indices_tensor[:n, 0].to("cpu", torch.int32).contiguous(), -1, True).view_as(tokens)
+        return step
 
     def gdn(self, tensors=False, out=False, plain=False):
         """gdnconv on the NumPy arrays, or on the torch tensors over the same memory;
@@ -155,12 +184,14 @@ class Peer:
         """gdnconv through its vLLM plugin, a new out per call, as vLLM's engine calls it:
         with ``packed`` (where vLLM's op runs) the drop-in for vLLM's
         ``gdn_attention._causal_conv1d_update_cpu``, which vLLM's GDN layer calls there with
-        x (B, D) and its packed weight (spec: x (B, T, D) and num_accepted_tokens, as vLLM's
-        equal-length speculative step calls it); else the one for
+        x (B, D) and its packed weight (spec: the plugin's ``_spec_forward``'s conv, which the
+        engine calls instead of vLLM's equal-length speculative step: ``plugin_spec``); else the one for
         ``causal_conv1d_update_cpu``, which vLLM calls elsewhere with the plain (D, W) weight
         (spec: x (B, D, T) and num_accepted_tokens). Padding marked -1 (the slots include 0);
         ``plain`` as in ``vllm``."""
         x, st, na = self.xt, self.st.transpose(1, 2), None if plain else self.nat
+        if packed and not plain:
+            return self.plugin_spec(st)
         if packed:
             f = plugin_route("_causal_conv1d_update_cpu")
             x = x[:, 0] if plain else x
@@ -171,6 +202,23 @@ class Peer:
         act = "silu" if self.silu else None
         return lambda: f(x=x, conv_state=st, weight=self.wtv, bias=self.bt, activation=act,
                          conv_state_indices=self.idxt, pad_slot_id=-1, **kw)
+
+    def plugin_spec(self, st):
+        """The plugin's speculative conv where vLLM's op runs: its ``_spec_forward`` replaces
+        vLLM's (whose equal-length conv is the op), and its conv (``_spec_conv``) takes the step's
+        metadata (query_start_loc, the (B, T) block table of slots, num_accepted_tokens) and
+        tokens (N, D), as vLLM's GDN layer hands them over, into a new out."""
+        import types
+        from gdnconv import vllm_plugin
+        B, T, D, torch = self.B, self.T, self.D, self.torch
+        meta = types.SimpleNamespace(num_spec_decodes=B,
+                                     spec_query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32),
+                                     spec_state_indices_tensor=torch.stack([self.idxt] * T, 1),
+                                     num_accepted_tokens=self.nat)
+        conv1d = types.SimpleNamespace(weight=self.wv, bias=self.bt, _cpu_unpacked_conv_weight=True)
+        layer = types.SimpleNamespace(conv1d=conv1d, activation="silu" if self.silu else None)
+        tokens = self.xt.reshape(B * T, D)
+        return lambda: vllm_plugin._spec_conv(layer, meta, tokens, st)[0]
 
     def gdn_vllm(self, plain=False, packed=False, out=None):
         """gdnconv through ``gdnconv.vllm.causal_conv1d_update`` with vLLM's views (x (B, D, T)

@@ -280,7 +280,8 @@ def test_parallel_copy_copies_every_element(n, threads):
 
 @pytest.mark.parametrize("weight", ["plain", "subclass"])
 def test_bench_op_times_every_path_in_every_regime(weight, capsys):
-    """bench_op.py: a row per regime, case and route, each with the direct call's, the torch
+    """bench_op.py: a row per regime, case and route (with T = 4 also the plugin's speculative
+    conv), each with the direct call's, the torch
     op's and the Cython path's medians (positive) and the two ratios; the routes' default
     (gdnconv.vllm._op_new) restored after."""
     torch = pytest.importorskip("torch")
@@ -297,7 +298,39 @@ def test_bench_op_times_every_path_in_every_regime(weight, capsys):
         gdnconv.set_num_threads(None)
     rows = [line.split() for line in capsys.readouterr().out.splitlines()
             if line.split()[:1] in (["grad"], ["no_grad"], ["inference"])]
-    assert [(r[0], r[3], r[4]) for r in rows] == [(g, t, route) for g in ("grad", "no_grad", "inference")
-                                                  for t in ("1", "4") for route in ("vllm.py,", "plugin,")]
+    assert [(r[0], r[3], " ".join(r[4:7])) for r in rows] == [
+        (g, t, route) for g in ("grad", "no_grad", "inference") for t in ("1", "4")
+        for route in ("vllm.py, out given", "plugin, new out") + (("plugin, spec varlen",) if t == "4" else ())]
     assert all(len(r) == 12 and float(v) > 0 for r in rows for v in r[-5:])
     assert gv._op_new is default
+
+
+def test_the_grids_speculative_steps_compute_the_step():
+    """bench_grid's spec peers as the engines run them (plugin: the plugin's _spec_forward conv on
+    the step's metadata; vLLM with --vllm-spec step: vLLM 0.32's checks and conversions, then its
+    op): on the same step both give the float64 reference's outputs and its state bit for bit, so
+    neither times a call that skips work."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    lib = os.environ.get("VLLM_C_LIB")
+    if not lib or not os.path.exists(lib):
+        pytest.skip("vLLM's op library not found: set VLLM_C_LIB (see benchmarks/bench_vllm.py)")
+    if not gdnconv.cpu_features().get("avx512_bf16"):
+        pytest.skip("CPU lacks avx512_bf16, which vLLM's causal_conv1d_update_cpu needs")
+    import bench_vllm
+    from conftest import reference
+    from gdnconv.testing import assert_outputs_close
+    torch_, ops = bench_vllm._load(lib)
+    B, T, D = 3, 4, 64
+    p = bench_vllm.Peer(torch, ops, np.random.default_rng(5), B, T, D, bench_vllm.W_VLLM - 2 + T, S=8,
+                        weight="packed")
+    before = p.state.copy()
+    ref_out, ref_state, mag = reference(p.x, before, p.w, None, activation="silu", num_accepted_tokens=p.na,
+                                        conv_state_indices=p.idx)
+    with torch.inference_mode():
+        for step in (p.plugin(packed=True), p.vllm(spec_step=True)):
+            p.state[...] = before
+            out = step()
+            assert tuple(out.shape) == (B * T, D)
+            assert_outputs_close(out.reshape(B, T, D), ref_out, mag, silu=True)
+            assert np.array_equal(p.state.view(np.uint16), np.asarray(ref_state).view(np.uint16))

@@ -415,17 +415,137 @@ def test_a_functorch_wrapped_x_is_a_type_error():
 @pytest.mark.parametrize("columns", [1, 2])
 def test_a_block_table_of_slots_reads_column_0(route, columns, monkeypatch, op_calls):
     """conv_state_indices as a (B, k) table (Mamba2's decode in vLLM passes (B, 1)): column 0 is
-    each request's slot, as gdnconv.vllm reads it. The op takes a (B, 1) table (its column is
-    contiguous) and leaves a wider one to the full path: the same bits either way."""
+    each request's slot, as gdnconv.vllm reads it. The op takes a (B, 1) table in place and
+    gathers a wider one's column (vLLM's speculative block table): the same bits as the full path."""
     def make():
         st, x, w, b, slots, nat = _case(11, "bf16", "SD", D=64)
         table = torch.stack([slots] + [slots.flip(0)] * (columns - 1), 1)
         return st, x, w, b, table, nat
 
     out, st, ref_out, ref_st = _both(monkeypatch, route, make)
-    assert op_calls == [True] if columns == 1 else True not in op_calls
+    assert op_calls == [True]
     assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))
     st0, x, w, b, slots, nat = _case(11, "bf16", "SD", D=64)
     st1 = st0.clone()
     one = _call(route, st1, x.clone(), w, b, slots, nat)
     assert torch.equal(bits_t(out), bits_t(one)) and torch.equal(bits_t(st), bits_t(st1))
+
+
+def _varlen_case(seed, dtype, state, spec, lens=(3, 0, 1, 4, 2), slots=(4, 2, -1, 0, 6), D=64, W=4):
+    """A varlen step as vLLM's speculative conv calls it: x (N, D) of the requests' tokens in turn,
+    query_start_loc (B + 1,), a (B, 3) block table of slots (column 0 each request's), a pad and
+    an empty request, num_accepted_tokens in spec mode; conv_state (S, D, L) as in _case."""
+    g = torch.Generator().manual_seed(seed)
+    dt = TD[dtype]
+    L = W - 1 + (max(lens) - 1 if spec else 0)
+    S = 8
+    st = (torch.randn(S, L, D, generator=g).to(dt).transpose(1, 2) if state == "SD"
+          else torch.randn(S, D, L, generator=g).to(dt))
+    w = (torch.randn(D, W, generator=g) / 2).to(dt)
+    b = (torch.randn(D, generator=g) / 2).to(dt)
+    x = torch.randn(sum(lens), D, generator=g).to(dt)
+    qsl = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+    col = torch.tensor(slots, dtype=torch.int32)
+    table = torch.stack([col, col.flip(0), col], 1)
+    nat = torch.tensor([max(1, min(n, 2)) for n in lens], dtype=torch.int32) if spec else None
+    return st, x, w, b, table, nat, qsl
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("state", ["SD", "DS"])
+@pytest.mark.parametrize("mode", ["plain", "spec"])
+def test_a_varlen_call_is_one_op_call(dtype, state, mode, monkeypatch, op_calls):
+    """gdnconv.vllm's varlen call (query_start_loc; the plugin's speculative conv), with a block
+    table of slots, a pad and an empty request: one op call, the Cython path's bits, and the
+    float64 reference's values; the pad's and the empty request's rows untouched."""
+    spec = mode == "spec"
+
+    def run(use_op):
+        st, x, w, b, table, nat, qsl = _varlen_case(21, dtype, state, spec)
+        if not use_op:
+            monkeypatch.setattr(gv, "_op_new", None)
+        out = torch.full_like(x, 7.0)
+        res = gv.causal_conv1d_update(x, st, w, b, "silu", table, nat, qsl, out=out)
+        assert res is out
+        return out, st
+
+    out, st = run(True)
+    assert op_calls == [True]
+    ref_out, ref_st = run(False)
+    assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))
+    st0, x, w, b, table, nat, qsl = _varlen_case(21, dtype, state, spec)
+    r_out, r_state, mag = reference(x, st0.transpose(1, 2), w, b, activation="silu", conv_state_indices=table[:, 0],
+                                    num_accepted_tokens=nat, query_start_loc=qsl)
+    live = np.repeat(table[:, 0].numpy() != -1, np.diff(qsl.numpy()))
+    assert_outputs_close(out, r_out, mag, silu=True, rows=live)
+    assert_bits_equal(st.transpose(1, 2), r_state, "conv_state")
+    assert (out[~torch.from_numpy(live)] == 7.0).all()
+
+
+VARLEN_REFUSED = {
+    # case: (what to change, the full path's error, or None: its result)
+    "tokens_past_the_last_start": (lambda a: a.update(x=torch.cat([a["x"], a["x"][:1]])),
+                                   r"query_start_loc\[5\] = 10 must equal the number of tokens x.shape\[0\] = 11"),
+    "decreasing_starts": (lambda a: a["qsl"].__setitem__(2, 2), r"query_start_loc must be non-decreasing"),
+    "no_slots": (lambda a: a.update(table=None), r"conv_state_indices is required with query_start_loc"),
+    "int64_starts": (lambda a: a.update(qsl=a["qsl"].long()), None),
+    "max_query_len_given": (lambda a: a.update(max_query_len=4), None),
+    "max_query_len_too_small": (lambda a: a.update(max_query_len=3), r"max_query_len = 3 is smaller"),
+    "starts_in_out": (lambda a: _starts_in_out(a), r"query_start_loc overlaps out: the call reads query_start_loc while it writes out"),
+}
+
+
+def _starts_in_out(a):
+    """query_start_loc's entries held in out's first row (out is written: refused)."""
+    a["out"] = torch.full_like(a["x"], 7.0)
+    qsl = a["out"].view(torch.int32).view(-1)[:6]
+    qsl.copy_(a["qsl"])
+    a["qsl"] = qsl
+
+
+@pytest.mark.parametrize("case", sorted(VARLEN_REFUSED))
+def test_a_varlen_call_the_op_refuses_goes_to_the_full_path(case, monkeypatch, op_calls):
+    """A varlen call the op does not take gives the full path's result bit for bit, or its error
+    naming the argument with nothing written."""
+    change, error = VARLEN_REFUSED[case]
+
+    def run():
+        st, x, w, b, table, nat, qsl = _varlen_case(22, "fp32", "SD", True)
+        a = dict(st=st, x=x, w=w, b=b, table=table, nat=nat, qsl=qsl, max_query_len=-1)
+        change(a)
+        a.setdefault("out", torch.full_like(a["x"], 7.0))
+        before = {k: v.clone() for k, v in a.items() if isinstance(v, torch.Tensor)}
+        try:
+            res = gv.causal_conv1d_update(a["x"], a["st"], a["w"], a["b"], "silu", a["table"], a["nat"], a["qsl"],
+                                          a["max_query_len"], out=a["out"])
+        except (TypeError, ValueError) as e:
+            for k, v in before.items():
+                assert torch.equal(bits_t(a[k]), bits_t(v)), f"{k} was written"
+            return e
+        return res.clone(), a["st"].clone()
+
+    got = run()
+    assert True not in op_calls
+    if error is not None:
+        assert isinstance(got, ValueError) and re.search(error, str(got)), got
+        return
+    monkeypatch.setattr(gv, "_op_new", None)
+    ref = run()
+    assert torch.equal(bits_t(got[0]), bits_t(ref[0])) and torch.equal(bits_t(got[1]), bits_t(ref[1]))
+
+
+def test_varlen_starts_with_a_negation_bit_are_read_as_their_values(entry, monkeypatch, op_calls):
+    """query_start_loc with a pending negation bit: the Cython path's bits through every entry
+    (the dispatcher resolves it for the torch op; the direct call refuses it)."""
+    def run(use_op):
+        st, x, w, b, table, nat, qsl = _varlen_case(23, "bf16", "SD", True)
+        if not use_op:
+            monkeypatch.setattr(gv, "_op_new", None)
+        out = torch.full_like(x, 7.0)
+        gv.causal_conv1d_update(x, st, w, b, "silu", table, nat, torch._neg_view(-qsl), out=out)
+        return out, st
+
+    out, st = run(True)
+    assert op_calls == [entry == "dispatched"]
+    ref_out, ref_st = run(False)
+    assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))

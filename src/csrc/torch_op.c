@@ -14,10 +14,10 @@
  * documented signatures (torch/csrc/inductor/aoti_torch/c/shim.h, stable/c/shim.h).
  *
  * What the ops take: exactly gdnconv.vllm's usual decode call (plain or speculative,
- * x (B, D) or 3-D, conv_state (S, D, L), weights in x's dtype or float32, int32 index
- * arrays, conv_state_indices also as a (B, k) table whose column 0 is contiguous) on CPU
- * tensors, every view inside its storage, what is written (conv_state,
- * out) apart from everything else by address range. Anything else they refuse (a None
+ * x (B, D) or 3-D, or varlen x (N, D) with query_start_loc, conv_state (S, D, L), weights
+ * in x's dtype or float32, int32 index arrays of at least B entries, conv_state_indices
+ * also as a (B, k) table whose column 0 is read) on CPU tensors, every view inside its
+ * storage, what is written (conv_state, out) apart from everything else by address range. Anything else they refuse (a None
  * result, or 0), before any write, and the caller runs its full path, which gives
  * that call's result or its error. They fill gdn_update_params as the Cython layer's
  * _update_params does, so the kernel, and its result, are the same bit for bit. What
@@ -68,6 +68,9 @@ static struct {
     AOTITorchError (*library_impl)(TorchLibraryHandle, const char *, gdn_boxed_fn);                 /* torch < 2.10 */
     AOTITorchError (*library_impl_v)(TorchLibraryHandle, const char *, gdn_boxed_fn, uint64_t);     /* 2.10 on */
 } api;
+
+/* The most requests whose slots the op gathers from a block table's column (else the caller's path). */
+#define GDN_OP_GATHER_MAX 1024
 
 static int32_t cpu, strided, f32, f16, bf16, i32;   /* torch's codes */
 static int thread_request = -1;
@@ -165,35 +168,49 @@ static int no_self_overlap(const tview *v) {
     return 1;
 }
 
-/* The strides (request, token, channel) of x or out, as the Cython layer's _rows. */
-static void rows(const tview *v, int64_t *sb, int64_t *st, int64_t *sd) {
-    *sb = v->strides[0];
-    *st = v->ndim == 3 ? v->strides[1] : 0;
+/* The strides (request, token, channel) of x or out, as the Cython layer's _rows: (B, T, D),
+ * (N, D) varlen (row query_start_loc[i] + t), or (B, D). */
+static void rows(const tview *v, int varlen, int64_t *sb, int64_t *st, int64_t *sd) {
+    *sb = varlen ? 0 : v->strides[0];
+    *st = v->ndim == 3 ? v->strides[1] : varlen ? v->strides[0] : 0;
     *sd = v->strides[v->ndim - 1];
 }
 
+static int same_shape(const tview *a, const tview *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return 0;
+    return 1;
+}
+
 /* ---- the call ----
- * stack: x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, [out,]
- * flags, pad_slot_id (an absent argument's place holds x). Returns 1 when the kernel
- * ran, 0 when refused; with new_out, the out it made (on a refusal, none). */
+ * stack: x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices,
+ * query_start_loc, [out,] flags, pad_slot_id (an absent argument's place holds x).
+ * Returns 1 when the kernel ran, 0 when refused; with new_out, the out it made (on a
+ * refusal, none). */
 static int update(const StableIValue *s, int into, AtenTensorHandle *new_out) {
-    enum { X, STATE, WEIGHT, BIAS, ACCEPTED, INDICES, OUT };
-    const int64_t flags = (int64_t)s[into ? 7 : 6], pad = (int64_t)s[into ? 8 : 7];
+    enum { X, STATE, WEIGHT, BIAS, ACCEPTED, INDICES, STARTS, OUT };
+    const int64_t flags = (int64_t)s[into ? 8 : 7], pad = (int64_t)s[into ? 9 : 8];
     const int silu = (flags & GDN_OP_SILU) != 0, packed = (flags & GDN_OP_PACKED) != 0;
     const int has_bias = (flags & GDN_OP_BIAS) != 0, has_nat = (flags & GDN_OP_ACCEPTED) != 0;
     const int has_idx = (flags & GDN_OP_INDICES) != 0, vllm_x = !(flags & GDN_OP_TOKENS_LAST);
-    tview v[7], made;
+    const int varlen = (flags & GDN_OP_VARLEN) != 0;
+    tview v[8], made;
     gdn_update_params p;
     int64_t bad_i = 0, bad_v = 0;
     *new_out = NULL;
     if (pad < INT32_MIN || pad > INT32_MAX) return 0;
-    for (int i = 0; i < (into ? 7 : 6); i++)
+    for (int i = 0; i < (into ? 8 : 7); i++)
         if ((i != BIAS || has_bias) && (i != ACCEPTED || has_nat) && (i != INDICES || has_idx) &&
-            !take((AtenTensorHandle)(uintptr_t)s[i], &v[i]))
+            (i != STARTS || varlen) && !take((AtenTensorHandle)(uintptr_t)s[i], &v[i]))
             return 0;
-    tview *x = &v[X], *st = &v[STATE], *w = &v[WEIGHT], *b = &v[BIAS], *out = &v[OUT];
-    /* vLLM's order as gdnconv's: x (B, D, T) -> (B, T, D), conv_state (S, D, L) -> (S, L, D) */
+    tview *x = &v[X], *st = &v[STATE], *w = &v[WEIGHT], *b = &v[BIAS], *qsl = &v[STARTS], *out = &v[OUT];
+    /* vLLM's order as gdnconv's: x (B, D, T) -> (B, T, D), conv_state (S, D, L) -> (S, L, D);
+     * varlen: x (N, D), query_start_loc (B + 1,) int32 offsets, slots given (as vLLM requires) */
     if (st->ndim != 3 || x->ndim < 2) return 0;
+    if (varlen && (x->ndim != 2 || !has_idx || qsl->dtype != GDN_I32 || qsl->ndim != 1 || qsl->shape[0] < 2 ||
+                   qsl->strides[0] != 1))
+        return 0;
     if (x->ndim == 3 && vllm_x) swap12(x);
     if (into && out->ndim == 3 && vllm_x) swap12(out);
     swap12(st);
@@ -203,31 +220,36 @@ static int update(const StableIValue *s, int into, AtenTensorHandle *new_out) {
         (has_idx && v[INDICES].dtype != GDN_I32) || (into && out->dtype != dt))
         return 0;
     const int64_t D = w->shape[0], W = w->ndim == 2 ? w->shape[1] : 0;
-    const int64_t B = x->shape[0], T = x->ndim == 3 ? x->shape[1] : 1, S = st->shape[0], L = st->shape[1];
+    const int64_t B = varlen ? qsl->shape[0] - 1 : x->shape[0], T = x->ndim == 3 ? x->shape[1] : 1;
+    const int64_t S = st->shape[0], L = st->shape[1];
     if (w->ndim != 2 || W < GDN_MIN_WIDTH || W > GDN_MAX_WIDTH || L < W - 1 ||
         (packed && (W != 4 || D % 32 || w->strides[0] != 4 || w->strides[1] != 1)) ||
         (has_bias && (b->ndim != 1 || b->shape[0] != D)) || x->shape[x->ndim - 1] != D ||
         x->strides[x->ndim - 1] != 1 || st->shape[2] != D)
         return 0;
-    /* int32 (B,) arrays; conv_state_indices may be a (B, k) table of which column 0 is read
-     * (vLLM's convention, gdnconv.vllm's _first; Mamba2's decode passes (B, 1)) */
+    /* int32 (B,) arrays, or longer, of which the first B entries are read; conv_state_indices
+     * may be a (B, k) table of which column 0 is read (vLLM's conventions, gdnconv.vllm's
+     * _first; Mamba2's decode passes (B, 1), speculative decode its (B, 1 + drafts) block
+     * table), gathered here when its rows are apart */
+    int32_t column[GDN_OP_GATHER_MAX];
     for (int i = ACCEPTED; i <= INDICES; i++)
         if ((i == ACCEPTED ? has_nat : has_idx) &&
-            ((v[i].ndim != 1 && (i != INDICES || v[i].ndim != 2)) || v[i].shape[0] != B ||
-             (B > 1 && v[i].strides[0] != 1)))
+            ((v[i].ndim != 1 && (i != INDICES || v[i].ndim != 2)) || v[i].shape[0] < B ||
+             (B > 1 && v[i].strides[0] != 1 && (i != INDICES || B > GDN_OP_GATHER_MAX))))
             return 0;
     if (!has_idx && B > S) return 0;
     /* what is written: every element its own memory, apart from what the call reads */
     int out_is_x = 0;
     if (!no_self_overlap(st) || !apart(st, x) || !apart(st, w) || (has_bias && !apart(st, b)) ||
-        (has_nat && !apart(st, &v[ACCEPTED])) || (has_idx && !apart(st, &v[INDICES])))
+        (has_nat && !apart(st, &v[ACCEPTED])) || (has_idx && !apart(st, &v[INDICES])) ||
+        (varlen && !apart(st, qsl)))
         return 0;
     if (into) {
         out_is_x = same_view(out, x);
-        if (out->ndim != x->ndim || out->shape[0] != B || out->shape[out->ndim - 1] != D ||
-            (x->ndim == 3 && out->shape[1] != T) || !no_self_overlap(out) || !apart(out, st) ||
+        if (!same_shape(out, x) || !no_self_overlap(out) || !apart(out, st) ||
             (!out_is_x && !apart(out, x)) || !apart(out, w) || (has_bias && !apart(out, b)) ||
-            (has_nat && !apart(out, &v[ACCEPTED])) || (has_idx && !apart(out, &v[INDICES])))
+            (has_nat && !apart(out, &v[ACCEPTED])) || (has_idx && !apart(out, &v[INDICES])) ||
+            (varlen && !apart(out, qsl)))
             return 0;
     }
     memset(&p, 0, sizeof p);
@@ -236,19 +258,25 @@ static int update(const StableIValue *s, int into, AtenTensorHandle *new_out) {
     p.dtype = dt, p.weight_dtype = w->dtype, p.silu = silu;
     p.skipped_rows = flags & GDN_OP_SKIPPED_FROM_X ? GDN_SKIPPED_X : into ? GDN_SKIPPED_KEEP : GDN_SKIPPED_ZERO;
     p.x = x->ptr;
-    rows(x, &p.x_stride_b, &p.x_stride_t, &p.x_stride_d);
+    rows(x, varlen, &p.x_stride_b, &p.x_stride_t, &p.x_stride_d);
     p.conv_state = st->ptr;
     p.state_stride_s = st->strides[0], p.state_stride_l = st->strides[1], p.state_stride_d = st->strides[2];
     p.weight = w->ptr;
     p.weight_stride_d = w->strides[0], p.weight_stride_w = w->strides[1];
     p.is_weight_packed = packed;
     if (has_bias) p.bias = b->ptr, p.bias_stride = b->strides[0];
-    if (has_idx) p.conv_state_indices = (const int32_t *)v[INDICES].ptr;
+    if (has_idx && (B == 1 || v[INDICES].strides[0] == 1)) {
+        p.conv_state_indices = (const int32_t *)v[INDICES].ptr;
+    } else if (has_idx) {
+        for (int64_t i = 0; i < B; i++) column[i] = ((const int32_t *)v[INDICES].ptr)[i * v[INDICES].strides[0]];
+        p.conv_state_indices = column;
+    }
     if (has_nat) p.num_accepted_tokens = (const int32_t *)v[ACCEPTED].ptr;
-    if (gdn_update_validate(&p, 0, &bad_i, &bad_v) != GDN_OK) return 0;
+    if (varlen) p.query_start_loc = (const int32_t *)qsl->ptr;
+    if (gdn_update_validate(&p, varlen ? x->shape[0] : 0, &bad_i, &bad_v) != GDN_OK) return 0;
     if (into) {
         p.out = out->ptr;
-        rows(out, &p.out_stride_b, &p.out_stride_t, &p.out_stride_d);
+        rows(out, varlen, &p.out_stride_b, &p.out_stride_t, &p.out_stride_d);
     } else {
         /* torch.empty_like(x) where x is dense in gdnconv's order (its strides), else a
          * contiguous tensor of x's shape: as the Cython layer's _new_like, in x's own
@@ -278,7 +306,7 @@ static int update(const StableIValue *s, int into, AtenTensorHandle *new_out) {
             return 0;
         }
         p.out = made.ptr;
-        rows(&made, &p.out_stride_b, &p.out_stride_t, &p.out_stride_d);
+        rows(&made, varlen, &p.out_stride_b, &p.out_stride_t, &p.out_stride_d);
     }
     gdn_update_run(&p, thread_request);
     return 1;
@@ -293,7 +321,7 @@ static void update_new(StableIValue *s, uint64_t num_args, uint64_t num_outputs)
     AtenTensorHandle out = NULL;
     (void)num_args, (void)num_outputs;
     update(s, 0, &out);
-    release(s, 6);
+    release(s, 7);
     if (out == NULL && api.undefined_tensor(&out)) out = NULL;
     s[0] = (StableIValue)(uintptr_t)out;
 }
@@ -303,7 +331,7 @@ static void update_into(StableIValue *s, uint64_t num_args, uint64_t num_outputs
     AtenTensorHandle unused;
     (void)num_args, (void)num_outputs;
     const int done = update(s, 1, &unused);
-    release(s, 7);
+    release(s, 8);
     s[0] = (StableIValue)(int64_t)done;
 }
 
@@ -343,9 +371,9 @@ int gdn_torch_direct_init(const char *libtorch_python_path, size_t header, void 
 #endif
 }
 
-int gdn_torch_direct(void *const objs[7], int into, int64_t flags, int64_t pad, void **new_out) {
-    StableIValue s[9];
-    const int n = into ? 7 : 6;
+int gdn_torch_direct(void *const objs[8], int into, int64_t flags, int64_t pad, void **new_out) {
+    StableIValue s[10];
+    const int n = into ? 8 : 7;
     if (!tensor_at) return 0;
     for (int i = 0; i < n; i++) s[i] = (StableIValue)(uintptr_t)((char *)objs[i] + tensor_at);
     s[n] = (StableIValue)flags, s[n + 1] = (StableIValue)pad;
@@ -359,7 +387,7 @@ void *gdn_torch_wrap(void *tensor) {
 }
 
 #define GDN_OP_ARGS "Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor bias, Tensor num_accepted_tokens, " \
-                    "Tensor conv_state_indices"
+                    "Tensor conv_state_indices, Tensor query_start_loc"
 
 int gdn_torch_op_init(const char *libtorch_path) {
 #ifdef GDN_HAVE_DLOPEN

@@ -13,6 +13,7 @@
 #define GDN_OP_BIAS 16           /* each: the argument is given (else its place holds x) */
 #define GDN_OP_ACCEPTED 32
 #define GDN_OP_INDICES 64
+#define GDN_OP_VARLEN 128        /* query_start_loc given: x (and out) (N, D) */
 
 /* Resolve the shim functions from the loaded libtorch at `libtorch_path` and register
  * the ops (once per process). 0: registered (now or before); negative: this torch
@@ -28,13 +29,14 @@ void gdn_torch_op_threads(int request);
  * holds (torch_op.c). gdn_torch_direct_init (after gdn_torch_op_init; with the GIL,
  * `header` PyObject_HEAD's size, *probe a new reference the caller releases): 0 when
  * the calls are possible. gdn_torch_direct: objs the op's tensor arguments in its order
- * (x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices[, out]; an absent
+ * (x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, query_start_loc[,
+ * out]; an absent
  * one's place holds x), the op's flags and pad_slot_id; 1 when the kernel ran (no GIL
  * needed), with the new out's handle in *new_out unless `into`; 0 refused, nothing
  * written. gdn_torch_wrap (with the GIL): that handle as a new Python object (a new
  * reference; NULL with a Python error set), the handle freed. */
 int gdn_torch_direct_init(const char *libtorch_python_path, size_t header, void **probe);
-int gdn_torch_direct(void *const objs[7], int into, int64_t flags, int64_t pad, void **new_out);
+int gdn_torch_direct(void *const objs[8], int into, int64_t flags, int64_t pad, void **new_out);
 void *gdn_torch_wrap(void *tensor);
 
 #endif

@@ -104,10 +104,11 @@ cdef extern from "torch_op.h" nogil:
         GDN_OP_BIAS
         GDN_OP_ACCEPTED
         GDN_OP_INDICES
+        GDN_OP_VARLEN
     int gdn_torch_op_init(const char *libtorch_path)
     void gdn_torch_op_threads(int request)
     int gdn_torch_direct_init(const char *libtorch_python_path, size_t header, void **probe)
-    int gdn_torch_direct(void *const objs[7], int into, int64_t flags, int64_t pad, void **new_out)
+    int gdn_torch_direct(void *const objs[8], int into, int64_t flags, int64_t pad, void **new_out)
 
 cdef extern from "torch_op.h":
     object gdn_torch_wrap(void *tensor)

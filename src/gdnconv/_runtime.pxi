@@ -179,19 +179,20 @@ cdef bint _plain_flag(object t, bint neg) except -1:
 
 cdef object _direct(tuple args, int64_t flags, int64_t pad_slot_id):
     """The ops' call without the dispatcher on args (x, conv_state, weight, bias,
-    num_accepted_tokens, conv_state_indices[, out]: torch.Tensors, the weight and bias
-    _read_in_place; an absent one's place holding x) after the caller's checks: what the
-    dispatcher did for the op, it does itself: an input with a negation bit (x, weight,
-    bias, the index arrays) is refused (its memory holds the values negated; the Cython
-    path refuses or resolves it). Returns the new out (no out given) or True when the
-    kernel ran, None when refused, nothing written."""
-    cdef void *objs[7]
+    num_accepted_tokens, conv_state_indices, query_start_loc[, out]: torch.Tensors, the
+    weight and bias _read_in_place; an absent one's place holding x) after the caller's
+    checks: what the dispatcher did for the op, it does itself: an input with a negation
+    bit (x, weight, bias, the index arrays) is refused (its memory holds the values
+    negated; the Cython path refuses or resolves it). Returns the new out (no out given)
+    or True when the kernel ran, None when refused, nothing written."""
+    cdef void *objs[8]
     cdef void *made = NULL
-    cdef int i, done, into = len(args) == 7
+    cdef int i, done, into = len(args) == 8
     for i in range(len(args)):
         objs[i] = <void *>args[i]
     if (args[0].is_neg() or _plain_flag(args[2], True) or (flags & GDN_OP_BIAS and _plain_flag(args[3], True))
-            or (flags & GDN_OP_ACCEPTED and args[4].is_neg()) or (flags & GDN_OP_INDICES and args[5].is_neg())):
+            or (flags & GDN_OP_ACCEPTED and args[4].is_neg()) or (flags & GDN_OP_INDICES and args[5].is_neg())
+            or (flags & GDN_OP_VARLEN and args[6].is_neg())):
         return None
     with nogil:
         done = gdn_torch_direct(objs, into, flags, pad_slot_id, &made)
@@ -211,24 +212,24 @@ cdef bint _direct_types(tuple args):
     return True
 
 
-def _direct_new(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, int64_t flags,
-                int64_t pad_slot_id):
+def _direct_new(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, query_start_loc,
+                int64_t flags, int64_t pad_slot_id):
     """``torch.ops._gdnconv.update_new``'s call without the dispatcher: its arguments, its
     result (a new tensor, or None where it does not take the call, nothing written), for
     torch.Tensors (the weight and bias also Parameters). The caller's checks are the op's
     (``_op_update``, which makes this call inline)."""
-    args = (x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices)
+    args = (x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, query_start_loc)
     return _direct(args, flags, pad_slot_id) if _direct_types(args) else None
 
 
 cdef object _direct_new_call = _direct_new    # (_op_update makes this call inline)
 
 
-def _direct_into(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, out, int64_t flags,
-                 int64_t pad_slot_id):
+def _direct_into(x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, query_start_loc, out,
+                 int64_t flags, int64_t pad_slot_id):
     """``torch.ops._gdnconv.update_into``'s call without the dispatcher: 1 when ``out`` (and
     ``conv_state``) were written, 0 when it does not take the call (nothing written)."""
-    args = (x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, out)
+    args = (x, conv_state, weight, bias, num_accepted_tokens, conv_state_indices, query_start_loc, out)
     return 1 if _direct_types(args) and _direct(args, flags, pad_slot_id) is not None else 0
 
 
@@ -240,8 +241,8 @@ cdef inline bint _op_writable(object t, bint inside):
 
 
 def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
-               pad_slot_id, out, int flags):
-    """gdnconv.vllm's usual decode call through the ops' call ``op_new`` / ``op_into``
+               pad_slot_id, out, int flags, query_start_loc=None):
+    """gdnconv.vllm's usual decode call (varlen with ``query_start_loc``) through the ops' call ``op_new`` / ``op_into``
     (``_direct_new`` / ``_direct_into``, without torch's dispatcher, made inline here; or
     the torch ops ``torch.ops._gdnconv.update_new`` / ``update_into``; src/csrc/torch_op.c;
     None: neither here): ``out`` None (into a new tensor, which it returns) or given,
@@ -280,8 +281,9 @@ def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_acc
         return None
     if out is not None and not _op_writable(out, inside):   # (out is x: x too)
         return None
-    # an absent bias, num_accepted_tokens or conv_state_indices: x in its place, its flag unset
-    b, nat, idx = x, x, x
+    # an absent bias, num_accepted_tokens, conv_state_indices or query_start_loc: x in its place,
+    # its flag unset
+    b, nat, idx, qsl = x, x, x, x
     if bias is not None:
         b = bias
         flags |= GDN_OP_BIAS
@@ -297,18 +299,23 @@ def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_acc
         flags |= GDN_OP_INDICES
         if type(idx) is not _tensor_type:
             return None
+    if query_start_loc is not None:
+        qsl = query_start_loc
+        flags |= GDN_OP_VARLEN
+        if type(qsl) is not _tensor_type:
+            return None
     if grad and (x.requires_grad or _plain_flag(weight, False) or _plain_flag(b, False)):
         return None
     if op_new is _direct_new_call:    # (made inline)
-        done = _direct((x, conv_state, weight, b, nat, idx) if out is None else
-                       (x, conv_state, weight, b, nat, idx, out), flags, pad_slot_id)
+        done = _direct((x, conv_state, weight, b, nat, idx, qsl) if out is None else
+                       (x, conv_state, weight, b, nat, idx, qsl, out), flags, pad_slot_id)
     else:
         try:    # (the dispatcher refuses a meta or other device's tensor, before the kernel runs)
             if _exact(weight) and _exact(b):
-                done = _dispatched(op_new, op_into, (x, conv_state, weight, b, nat, idx), out, flags, pad_slot_id)
+                done = _dispatched(op_new, op_into, (x, conv_state, weight, b, nat, idx, qsl), out, flags, pad_slot_id)
             else:   # a Parameter subclass's tensor, its Python functions off, as _plain reads it
                 with _torch._C.DisableTorchFunctionSubclass():
-                    done = _dispatched(op_new, op_into, (x, conv_state, weight, b, nat, idx), out, flags,
+                    done = _dispatched(op_new, op_into, (x, conv_state, weight, b, nat, idx, qsl), out, flags,
                                        pad_slot_id)
         except Exception:
             done = None

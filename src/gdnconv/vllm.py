@@ -392,14 +392,17 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     Raises ValueError/TypeError naming the argument (with the caller's shapes) for anything
     gdnconv refuses; nothing is written then.
     """
-    usual = (query_start_loc is None and block_idx_last_scheduled_token is None and initial_state_idx is None
-             and null_block_id is None and type(max_query_len) is int and not _is_compiling())
-    if usual and (is_weight_packed is True or is_weight_packed is False):
-        # the op first (_op_update), weight and bias as they come: its direct call reads a Parameter
-        # subclass's memory in place, as _plain would give it, with none of its Python functions run
+    op = (block_idx_last_scheduled_token is None and initial_state_idx is None and null_block_id is None
+          and type(max_query_len) is int and not _is_compiling())
+    usual = op and query_start_loc is None
+    if op and (usual or max_query_len == -1) and (is_weight_packed is True or is_weight_packed is False):
+        # the op first (_op_update; varlen too, where no max_query_len asks for a check of the
+        # lengths), weight and bias as they come: its direct call reads a Parameter subclass's
+        # memory in place, as _plain would give it, with none of its Python functions run
         target = x if out is None else out
         done = _core._op_update(_op_new, _op_into, x, conv_state, weight, bias, activation, num_accepted_tokens,
-                                conv_state_indices, pad_slot_id, target, _OP_PACKED if is_weight_packed else 0)
+                                conv_state_indices, pad_slot_id, target, _OP_PACKED if is_weight_packed else 0,
+                                query_start_loc)
         if done is not None:
             return done
     weight, bias = _plain(weight), _plain(bias)   # (once, for the try and the full path)

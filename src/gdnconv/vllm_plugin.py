@@ -234,32 +234,46 @@ def _fn_cpu(x, weight, bias, conv_states, query_start_loc, cache_indices=None, h
                                activation, pad_slot_id, **_cache_kw(kwargs))
 
 
+def _int32_rows(t, n, torch):
+    """t's first n rows as int32: t itself where it is that already (vLLM's step metadata
+    usually is; a slice and a ``.to`` cost ~1.5 us a tensor)."""
+    if t.shape[0] != n:
+        t = t[:n]
+    return t if t.dtype is torch.int32 else t.to(torch.int32)
+
+
 def _spec_forward(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_state, width, state_len):
     """gdn_attention._spec_forward with its conv as one varlen gdnconv call (query_start_loc,
     num_accepted_tokens; the wide buffer rolled as vLLM's Triton kernel rolls it), then vLLM's own
     recurrent kernel exactly as the stock function calls it."""
-    import torch
-    gv = _gv or _vllm_adapters()
-    gdn = sys.modules[_GDN]
-    n = attn_metadata_i.num_spec_decodes
-    qsl = attn_metadata_i.spec_query_start_loc[:n + 1].to(torch.int32)
-    idx = attn_metadata_i.spec_state_indices_tensor[:n].to(torch.int32)
-    num_acc = attn_metadata_i.num_accepted_tokens[:n].to(torch.int32)
-    if mixed_qkv_spec.shape[0] != int(qsl[-1]):
-        raise ValueError(f"spec tokens {mixed_qkv_spec.shape[0]} != spec_query_start_loc[-1] = {int(qsl[-1])}")
-    conv_out = torch.empty_like(mixed_qkv_spec)
-    # a weight vLLM packed at load (its plain copy stashed beside it) goes in packed, for
-    # gdnconv.vllm's kept float32 form of it; else vLLM's plain (D, W) view
-    packed = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None
-    weight = layer.conv1d.weight if packed else gdn._unpacked_conv_weight(layer)
-    gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, weight, layer.conv1d.bias, layer.activation == "silu",
-                            (idx[:, 0] if idx.dim() == 2 else idx).contiguous(), num_acc, qsl, out=conv_out,
-                            is_weight_packed=packed)
+    conv_out, idx, num_acc, qsl = _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf)
     query, key, value = layer.rearrange_mixed_qkv(conv_out)
-    return gdn.ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
+    return sys.modules[_GDN].ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
         A_log=layer.A_log, dt_bias=layer.dt_bias, q=query.squeeze(0), k=key.squeeze(0), v=value.squeeze(0),
         a=a_spec, b=b_spec, initial_state_source=ssm_state, spec_state_indices=idx.contiguous(),
         num_accepted_tokens=num_acc.contiguous(), cu_seqlens=qsl.contiguous(), use_qk_l2norm_in_kernel=True)
+
+
+def _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf):
+    """_spec_forward's conv: (its out, the step's block table, num_accepted_tokens and
+    query_start_loc as int32, for the recurrent kernel). One op call at most (gdnconv.vllm's
+    varlen call; benchmarks/bench_op.py times it)."""
+    import torch
+    gv = _gv or _vllm_adapters()
+    n = attn_metadata_i.num_spec_decodes
+    qsl = _int32_rows(attn_metadata_i.spec_query_start_loc, n + 1, torch)
+    idx = _int32_rows(attn_metadata_i.spec_state_indices_tensor, n, torch)
+    num_acc = _int32_rows(attn_metadata_i.num_accepted_tokens, n, torch)
+    conv_out = torch.empty_like(mixed_qkv_spec)
+    # a weight vLLM packed at load (its plain copy stashed beside it) goes in packed, for
+    # gdnconv.vllm's kept float32 form of it; else vLLM's plain (D, W) view. The block table's
+    # column 0 is each request's slot (read in place: gdnconv.vllm's convention); the call checks
+    # query_start_loc against the tokens
+    packed = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None
+    weight = layer.conv1d.weight if packed else sys.modules[_GDN]._unpacked_conv_weight(layer)
+    gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, weight, layer.conv1d.bias, layer.activation == "silu",
+                            idx, num_acc, qsl, out=conv_out, is_weight_packed=packed)
+    return conv_out, idx, num_acc, qsl
 
 
 # ---- routing ----
