@@ -337,6 +337,46 @@ def test_interleaved_strided_x_and_out_accepted(isa, rng):
     assert_bits_equal(call["conv_state"], ref_state, "conv_state")
 
 
+@pytest.mark.parametrize("layout", ["state_rows_interleaved", "out_channels_interleaved", "state_one_short"])
+def test_written_layouts_by_the_one_overlap_rule(isa, rng, layout):
+    """A written array whose strides do not nest but which gives every element its own memory
+    is computed (layout.h's rule, the torch op's too): conv_state (S, L, D) with strides
+    (58, 21, 1), each slot's last row ending just before the next slot; out (B, D) with strides
+    (31, 2). One element less per slot (57, 21, 1) puts a slot's last element on the next
+    slot's first: refused, naming conv_state, nothing written. The gaps stay untouched."""
+    S, L, D, W, B = 4, 3, 16, 4, 3
+    call = make_call(rng, dtype="fp32", W=W, D=D, T=1, B=B, mode="plain")
+    x, w, b = call["x"][:, 0], call["weight"], call["bias"]
+    idx = np.array([2, 0, 3], np.int32)
+    slot = 57 if layout == "state_one_short" else 58
+    sbuf = np.full(S * slot + 64, 5.0, np.float32)
+    st = np.lib.stride_tricks.as_strided(sbuf, (S, L, D), (slot * 4, 21 * 4, 4))
+    if layout != "state_one_short":
+        st[...] = rng.standard_normal((S, L, D)).astype(np.float32)
+    out, obuf = None, None
+    if layout == "out_channels_interleaved":
+        obuf = np.full(B * 31 + 64, 7.0, np.float32)
+        out = np.lib.stride_tricks.as_strided(obuf, (B, D), (31 * 4, 2 * 4))
+    before_s, before_o = sbuf.copy(), None if obuf is None else obuf.copy()
+    if layout == "state_one_short":
+        with pytest.raises(ValueError, match="^conv_state overlaps itself"):
+            gdnconv.conv_update_multi(x, st, w, b, conv_state_indices=idx)
+        assert np.array_equal(sbuf, before_s)
+        return
+    ref_out, ref_state, mag = reference(x, st.copy(), w, b, conv_state_indices=idx)
+    res = gdnconv.conv_update_multi(x, st, w, b, conv_state_indices=idx, out=out)
+    assert out is None or res is out
+    assert_outputs_close(res, ref_out, mag, np.float32, silu=True)
+    assert_bits_equal(st, ref_state, "conv_state")
+    held = np.zeros(sbuf.shape, bool)
+    held[(np.arange(S)[:, None, None] * slot + np.arange(L)[None, :, None] * 21 + np.arange(D)).ravel()] = True
+    assert np.array_equal(sbuf[~held], before_s[~held]), "conv_state's gaps were written"
+    if obuf is not None:
+        held = np.zeros(obuf.shape, bool)
+        held[(np.arange(B)[:, None] * 31 + np.arange(D) * 2).ravel()] = True
+        assert np.array_equal(obuf[~held], before_o[~held]), "out's gaps were written"
+
+
 def test_out_another_view_of_x_accepted(isa, rng):
     """out may be a different view object of exactly x's memory (same shape and strides)."""
     call = make_call(rng, dtype="bf16", W=4, D=32, T=2, B=2, mode="spec")

@@ -549,3 +549,74 @@ def test_varlen_starts_with_a_negation_bit_are_read_as_their_values(entry, monke
     assert op_calls == [entry == "dispatched"]
     ref_out, ref_st = run(False)
     assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))
+
+
+@pytest.mark.parametrize("metadata", ["as_vllm", "longer_int64"])
+@pytest.mark.parametrize("weights", ["packed", "plain"])
+def test_the_plugins_speculative_conv_is_one_op_call(metadata, weights, monkeypatch, op_calls):
+    """The plugin's speculative conv (_spec_conv, for its _spec_forward) on vLLM's step metadata:
+    one op call into a new out, the Cython path's bits, the reference's values, padded and
+    empty requests' rows zeros; metadata with more rows than the step, or int64, is cut and
+    converted (vLLM's tensors, int32 and of the step's rows, are passed as they come)."""
+    import sys
+    import types
+
+    def run(use_op):
+        st, x, w, b, table, nat, qsl = _varlen_case(24, "bf16", "SD", True, D=64)
+        if not use_op:
+            monkeypatch.setattr(gv, "_op_new", None)
+        B = qsl.shape[0] - 1
+        meta_qsl, meta_table, meta_nat = qsl, table, nat
+        if metadata == "longer_int64":
+            meta_qsl = torch.cat([qsl, qsl[-1:] + 3]).long()
+            meta_table = torch.cat([table, table[:2]]).long()
+            meta_nat = torch.cat([nat, nat[:2]]).long()
+        meta = types.SimpleNamespace(num_spec_decodes=B, spec_query_start_loc=meta_qsl,
+                                     spec_state_indices_tensor=meta_table, num_accepted_tokens=meta_nat)
+        conv1d = types.SimpleNamespace(weight=gv.pack_weight_like_vllm(w) if weights == "packed" else w, bias=b,
+                                       _cpu_unpacked_conv_weight=True if weights == "packed" else None)
+        layer = types.SimpleNamespace(conv1d=conv1d, activation="silu")
+        # vLLM's plain (D, W) view of its weight, which the plugin asks its module for
+        monkeypatch.setitem(sys.modules, vp._GDN, types.SimpleNamespace(_unpacked_conv_weight=lambda layer: w))
+        out, idx, num_acc, starts = vp._spec_conv(layer, meta, x, st)
+        assert torch.equal(idx, table) and torch.equal(num_acc, nat) and torch.equal(starts, qsl)
+        assert idx.dtype == num_acc.dtype == starts.dtype == torch.int32
+        return out, st
+
+    out, st = run(True)
+    assert op_calls == [True]
+    ref_out, ref_st = run(False)
+    assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))
+    st0, x, w, b, table, nat, qsl = _varlen_case(24, "bf16", "SD", True, D=64)
+    r_out, r_state, mag = reference(x, st0.transpose(1, 2), w, b, activation="silu", conv_state_indices=table[:, 0],
+                                    num_accepted_tokens=nat, query_start_loc=qsl)
+    live = np.repeat(table[:, 0].numpy() != -1, np.diff(qsl.numpy()))
+    assert_outputs_close(out, r_out, mag, silu=True, rows=live)
+    assert_bits_equal(st.transpose(1, 2), r_state, "conv_state")
+    assert not out[~torch.from_numpy(live)].any()
+
+
+@pytest.mark.parametrize("written", ["conv_state", "out"])
+def test_layouts_by_the_one_overlap_rule_are_taken_alike(written, monkeypatch, op_calls):
+    """A written tensor whose strides do not nest but which gives every element its own memory
+    (conv_state (S, L, D) memory with strides (58, 21, 1); out (B, D) with strides (31, 2)): the op
+    and the Cython path both compute it (layout.h's one rule), with the same bits."""
+    def make():
+        st, x, w, b, slots, nat = _case(31, "fp32", "SD", D=16)
+        if written == "conv_state":
+            buf = torch.full((st.shape[0] * 58 + 8,), 5.0)
+            view = buf.as_strided((st.shape[0], 3, 16), (58, 21, 1))
+            view.copy_(st.transpose(1, 2))
+            st = view.transpose(1, 2)
+        return st, x, w, b, slots, nat
+
+    res = []
+    for use_op in (True, False):
+        st, x, w, b, slots, nat = make()
+        if not use_op:
+            monkeypatch.setattr(gv, "_op_new", None)
+        out = torch.full((3 * 31 + 8,), 7.0).as_strided((3, 16), (31, 2)) if written == "out" else torch.zeros_like(x)
+        gv.causal_conv1d_update(x, st, w, b, "silu", slots, out=out)
+        res += [out.clone(), st.clone()]
+    assert op_calls == [True]
+    assert torch.equal(bits_t(res[0]), bits_t(res[2])) and torch.equal(bits_t(res[1]), bits_t(res[3]))

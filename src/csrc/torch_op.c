@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "layout.h"
 #include "memory.h"
 #include "torch_op.h"
 
@@ -145,29 +146,6 @@ static int c_contiguous(const tview *v) {
     return 1;
 }
 
-/* Every element its own memory, shown by sorting the dimensions by stride: each
- * stride beyond the span of the smaller ones (sufficient; a view it refuses goes to
- * the caller's full path). */
-static int no_self_overlap(const tview *v) {
-    int64_t s[3], n[3], span = 0;
-    int k = 0;
-    for (int i = 0; i < v->ndim; i++)
-        if (v->shape[i] > 1) {
-            int j = k++;
-            for (; j > 0 && s[j - 1] > v->strides[i]; j--) {
-                s[j] = s[j - 1];
-                n[j] = n[j - 1];
-            }
-            s[j] = v->strides[i];
-            n[j] = v->shape[i];
-        }
-    for (int i = 0; i < k; i++) {
-        if (s[i] <= span) return 0;
-        span += (n[i] - 1) * s[i];
-    }
-    return 1;
-}
-
 /* The strides (request, token, channel) of x or out, as the Cython layer's _rows: (B, T, D),
  * (N, D) varlen (row query_start_loc[i] + t), or (B, D). */
 static void rows(const tview *v, int varlen, int64_t *sb, int64_t *st, int64_t *sd) {
@@ -240,13 +218,13 @@ static int update(const StableIValue *s, int into, AtenTensorHandle *new_out) {
     if (!has_idx && B > S) return 0;
     /* what is written: every element its own memory, apart from what the call reads */
     int out_is_x = 0;
-    if (!no_self_overlap(st) || !apart(st, x) || !apart(st, w) || (has_bias && !apart(st, b)) ||
-        (has_nat && !apart(st, &v[ACCEPTED])) || (has_idx && !apart(st, &v[INDICES])) ||
+    if (!gdn_no_self_overlap(st->ndim, st->shape, st->strides) || !apart(st, x) || !apart(st, w) ||
+        (has_bias && !apart(st, b)) || (has_nat && !apart(st, &v[ACCEPTED])) || (has_idx && !apart(st, &v[INDICES])) ||
         (varlen && !apart(st, qsl)))
         return 0;
     if (into) {
         out_is_x = same_view(out, x);
-        if (!same_shape(out, x) || !no_self_overlap(out) || !apart(out, st) ||
+        if (!same_shape(out, x) || !gdn_no_self_overlap(out->ndim, out->shape, out->strides) || !apart(out, st) ||
             (!out_is_x && !apart(out, x)) || !apart(out, w) || (has_bias && !apart(out, b)) ||
             (has_nat && !apart(out, &v[ACCEPTED])) || (has_idx && !apart(out, &v[INDICES])) ||
             (varlen && !apart(out, qsl)))

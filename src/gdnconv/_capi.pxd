@@ -1,6 +1,6 @@
 # The C interface as Cython sees it: the one mirror of include/gdnconv/gdnconv.h, plus
-# the thread-setting hooks of src/csrc/threads.h, the memory advice of src/csrc/memory.h and the
-# torch op's set-up (src/csrc/torch_op.h).
+# the thread-setting hooks of src/csrc/threads.h, the memory advice of src/csrc/memory.h, the
+# self-overlap rule of src/csrc/layout.h and the torch op's set-up (src/csrc/torch_op.h).
 from libc.stdint cimport int32_t, int64_t, uint8_t
 
 cdef extern from "gdnconv/gdnconv.h" nogil:
@@ -97,6 +97,9 @@ cdef extern from "memory.h" nogil:
     void gdn_block_give(void *p, int64_t size)
     int64_t gdn_block_cache_limit(int64_t bytes)
     int64_t gdn_block_cache_held()
+
+cdef extern from "layout.h" nogil:
+    int gdn_no_self_overlap(int ndim, const int64_t *shape, const int64_t *strides)
 
 cdef extern from "torch_op.h" nogil:
     enum:

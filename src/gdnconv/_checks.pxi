@@ -3,32 +3,12 @@
 # shared arguments (activation, pad_slot_id, weight and bias).
 
 cdef int _refuse_self_overlap(const View *v, str name) except -1:
-    """A written array must give every element its own memory. Checked by sorting
-    the dimensions by stride: each stride must step over everything inside it.
-    (A few exotic interleaved layouts without overlap are refused too.)"""
-    cdef int i, j
-    cdef int order[3]
-    cdef int64_t span = 1, st
-    for i in range(v.ndim):
-        if v.shape[i] == 0:
-            return 0       # no element, no overlap (NumPy gives empty arrays zero strides)
-    n = 0
-    for i in range(v.ndim):
-        if v.shape[i] > 1:
-            order[n] = i
-            n += 1
-    for i in range(1, n):  # insertion sort by |stride|
-        j = i
-        while j > 0 and abs(v.strides[order[j - 1]]) > abs(v.strides[order[j]]):
-            order[j - 1], order[j] = order[j], order[j - 1]
-            j -= 1
-    for i in range(n):
-        st = abs(v.strides[order[i]])
-        if st < span:
-            raise ValueError(f"{name} overlaps itself (shape {tuple(v.shape[k] for k in range(v.ndim))}, "
-                             f"strides {tuple(v.strides[k] for k in range(v.ndim))} in elements): "
-                             f"every element it holds must have its own memory")
-        span = st * v.shape[order[i]]
+    """A written array must give every element its own memory (layout.h's rule, the torch
+    op's too)."""
+    if not gdn_no_self_overlap(v.ndim, v.shape, v.strides):
+        raise ValueError(f"{name} overlaps itself (shape {tuple(v.shape[k] for k in range(v.ndim))}, "
+                         f"strides {tuple(v.strides[k] for k in range(v.ndim))} in elements): "
+                         f"every element it holds must have its own memory")
     return 0
 
 

@@ -264,15 +264,21 @@ def _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf):
     qsl = _int32_rows(attn_metadata_i.spec_query_start_loc, n + 1, torch)
     idx = _int32_rows(attn_metadata_i.spec_state_indices_tensor, n, torch)
     num_acc = _int32_rows(attn_metadata_i.num_accepted_tokens, n, torch)
-    conv_out = torch.empty_like(mixed_qkv_spec)
     # a weight vLLM packed at load (its plain copy stashed beside it) goes in packed, for
     # gdnconv.vllm's kept float32 form of it; else vLLM's plain (D, W) view. The block table's
     # column 0 is each request's slot (read in place: gdnconv.vllm's convention); the call checks
     # query_start_loc against the tokens
     packed = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None
     weight = layer.conv1d.weight if packed else sys.modules[_GDN]._unpacked_conv_weight(layer)
-    gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, weight, layer.conv1d.bias, layer.activation == "silu",
-                            idx, num_acc, qsl, out=conv_out, is_weight_packed=packed)
+    silu = layer.activation == "silu"
+    conv_out = None
+    if not gv._is_compiling():    # one op call into a new out (padded requests' rows zeros)
+        conv_out = gv._core._op_update(gv._op_new, gv._op_into, mixed_qkv_spec, conv_buf, weight, layer.conv1d.bias,
+                                       silu, num_acc, idx, gv.PAD_SLOT_ID, None, gv._OP_PACKED if packed else 0, qsl)
+    if conv_out is None:
+        conv_out = torch.zeros_like(mixed_qkv_spec)
+        gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, weight, layer.conv1d.bias, silu, idx, num_acc, qsl,
+                                out=conv_out, is_weight_packed=packed)
     return conv_out, idx, num_acc, qsl
 
 
