@@ -552,48 +552,69 @@ def test_varlen_starts_with_a_negation_bit_are_read_as_their_values(entry, monke
 
 
 @pytest.mark.parametrize("metadata", ["as_vllm", "longer_int64"])
-@pytest.mark.parametrize("weights", ["packed", "plain"])
-def test_the_plugins_speculative_conv_is_one_op_call(metadata, weights, monkeypatch, op_calls):
-    """The plugin's speculative conv (_spec_conv, for its _spec_forward) on vLLM's step metadata:
-    one op call into a new out, the Cython path's bits, the reference's values, padded and
-    empty requests' rows zeros; metadata with more rows than the step, or int64, is cut and
+@pytest.mark.parametrize("weights", ["packed", "plain", "fp16"])
+@pytest.mark.parametrize("tier", ["op", "core"])
+def test_the_plugins_speculative_conv(tier, metadata, weights, monkeypatch, op_calls):
+    """The plugin's speculative conv (_spec_conv, for its _spec_forward) on vLLM's step metadata,
+    into a new out: one op call; where the op does not take it (off here, or an out of 4 MiB or
+    more) one core call; where that refuses too (an fp16 weight for a bf16 state), the full path,
+    which widens it. Every tier gives the reference's values, its state bit for bit and zeros in
+    padded and empty requests' rows; metadata with more rows than the step, or int64, is cut and
     converted (vLLM's tensors, int32 and of the step's rows, are passed as they come)."""
     import sys
     import types
-
-    def run(use_op):
-        st, x, w, b, table, nat, qsl = _varlen_case(24, "bf16", "SD", True, D=64)
-        if not use_op:
-            monkeypatch.setattr(gv, "_op_new", None)
-        B = qsl.shape[0] - 1
-        meta_qsl, meta_table, meta_nat = qsl, table, nat
-        if metadata == "longer_int64":
-            meta_qsl = torch.cat([qsl, qsl[-1:] + 3]).long()
-            meta_table = torch.cat([table, table[:2]]).long()
-            meta_nat = torch.cat([nat, nat[:2]]).long()
-        meta = types.SimpleNamespace(num_spec_decodes=B, spec_query_start_loc=meta_qsl,
-                                     spec_state_indices_tensor=meta_table, num_accepted_tokens=meta_nat)
-        conv1d = types.SimpleNamespace(weight=gv.pack_weight_like_vllm(w) if weights == "packed" else w, bias=b,
-                                       _cpu_unpacked_conv_weight=True if weights == "packed" else None)
-        layer = types.SimpleNamespace(conv1d=conv1d, activation="silu")
-        # vLLM's plain (D, W) view of its weight, which the plugin asks its module for
-        monkeypatch.setitem(sys.modules, vp._GDN, types.SimpleNamespace(_unpacked_conv_weight=lambda layer: w))
-        out, idx, num_acc, starts = vp._spec_conv(layer, meta, x, st)
-        assert torch.equal(idx, table) and torch.equal(num_acc, nat) and torch.equal(starts, qsl)
-        assert idx.dtype == num_acc.dtype == starts.dtype == torch.int32
-        return out, st
-
-    out, st = run(True)
-    assert op_calls == [True]
-    ref_out, ref_st = run(False)
-    assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))
-    st0, x, w, b, table, nat, qsl = _varlen_case(24, "bf16", "SD", True, D=64)
+    st, x, w, b, table, nat, qsl = _varlen_case(24, "bf16", "SD", True, D=64)
+    st0 = st.clone()
+    if tier == "core":
+        monkeypatch.setattr(gv, "_op_new", None)
+    full_calls = []
+    monkeypatch.setattr(gv, "causal_conv1d_update", lambda *a, _f=gv.causal_conv1d_update, **k: full_calls.append(1)
+                        or _f(*a, **k))
+    B = qsl.shape[0] - 1
+    meta_qsl, meta_table, meta_nat = qsl, table, nat
+    if metadata == "longer_int64":
+        meta_qsl = torch.cat([qsl, qsl[-1:] + 3]).long()
+        meta_table = torch.cat([table, table[:2]]).long()
+        meta_nat = torch.cat([nat, nat[:2]]).long()
+    meta = types.SimpleNamespace(num_spec_decodes=B, spec_query_start_loc=meta_qsl,
+                                 spec_state_indices_tensor=meta_table, num_accepted_tokens=meta_nat)
+    plain_w = w.half() if weights == "fp16" else w
+    conv1d = types.SimpleNamespace(weight=gv.pack_weight_like_vllm(w) if weights == "packed" else plain_w, bias=b,
+                                   _cpu_unpacked_conv_weight=True if weights == "packed" else None)
+    layer = types.SimpleNamespace(conv1d=conv1d, activation="silu")
+    # vLLM's plain (D, W) view of its weight, which the plugin asks its module for
+    monkeypatch.setitem(sys.modules, vp._GDN, types.SimpleNamespace(_unpacked_conv_weight=lambda layer: plain_w))
+    out, idx, num_acc, starts = vp._spec_conv(layer, meta, x, st)
+    assert torch.equal(idx, table) and torch.equal(num_acc, nat) and torch.equal(starts, qsl)
+    assert idx.dtype == num_acc.dtype == starts.dtype == torch.int32
+    assert op_calls == ([] if tier == "core" else [False, False] if weights == "fp16" else [True])
+    assert len(full_calls) == (weights == "fp16")
     r_out, r_state, mag = reference(x, st0.transpose(1, 2), w, b, activation="silu", conv_state_indices=table[:, 0],
                                     num_accepted_tokens=nat, query_start_loc=qsl)
     live = np.repeat(table[:, 0].numpy() != -1, np.diff(qsl.numpy()))
     assert_outputs_close(out, r_out, mag, silu=True, rows=live)
     assert_bits_equal(st.transpose(1, 2), r_state, "conv_state")
     assert not out[~torch.from_numpy(live)].any()
+
+
+def test_the_plugins_speculative_conv_of_a_large_out_is_one_core_call(monkeypatch, op_calls):
+    """An out of 4 MiB or more the op leaves to the core, which takes it from memory it reuses:
+    the same bits as the op's call of a smaller step would give (the Cython path's)."""
+    import types
+    lens, D = (16, 0, 8, 8), 1 << 16
+    res = []
+    for use_op in (True, False):
+        st, x, w, b, table, nat, qsl = _varlen_case(25, "bf16", "SD", True, D=D, lens=lens, slots=(3, -1, 0, 5))
+        if not use_op:
+            monkeypatch.setattr(gv, "_op_new", None)
+        meta = types.SimpleNamespace(num_spec_decodes=4, spec_query_start_loc=qsl, spec_state_indices_tensor=table,
+                                     num_accepted_tokens=nat)
+        layer = types.SimpleNamespace(conv1d=types.SimpleNamespace(weight=gv.pack_weight_like_vllm(w), bias=b,
+                                                                   _cpu_unpacked_conv_weight=True), activation="silu")
+        res += [vp._spec_conv(layer, meta, x, st)[0], st]
+    assert x.nbytes >= 4 << 20 and op_calls == [False]
+    assert torch.equal(bits_t(res[0]), bits_t(res[2])) and torch.equal(bits_t(res[1]), bits_t(res[3]))
+    assert not res[0][qsl[1]:qsl[2]].any() and not res[0][:0].any()
 
 
 @pytest.mark.parametrize("written", ["conv_state", "out"])

@@ -533,7 +533,8 @@ def test_the_usual_decode_call_is_one_core_call(monkeypatch):
     assert_outputs_close(out.view(torch.bfloat16), ref_out, mag, silu=True, rows=np.array([True, False, True]))
     assert_bits_equal(st.view(torch.bfloat16).transpose(1, 2), ref_state, "conv_state")
     for kw in (dict(conv_state_indices=torch.stack([slots, slots + 1], 1)),
-               dict(conv_state_indices=torch.cat([slots, slots])), dict(weight=weight.half(), bias=bias.half())):
+               dict(conv_state_indices=torch.cat([slots, slots])), dict(weight=weight.half(), bias=bias.half()),
+               dict(weight=weight.half()), dict(bias=bias.float())):   # (mixed: both widened)
         o, s, seen = run(**kw)
         assert [p for p, _ in seen] == [True, False], kw
         assert torch.equal(o, out) and torch.equal(s, st), kw

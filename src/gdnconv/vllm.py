@@ -237,8 +237,9 @@ def _weights(weight, bias, dtype):
     """weight and bias as the core takes them with activations of ``dtype`` (a packed weight alike:
     its layout is the core's to check): subclasses as plain tensors (``_plain``); fp16/bf16 that
     differ from ``dtype`` widened to float32 (exact; a contiguous weight stays contiguous, so a
-    packed one keeps its layout). Any other dtype is passed on for the core to refuse with its
-    own message."""
+    packed one keeps its layout), and both to float32 where the two then still differ (a weight of
+    the other kind with a bias of ``dtype``, say). Any other dtype is passed on for the core to
+    refuse with its own message."""
     weight, bias = _plain(weight), _plain(bias)
     if (isinstance(weight, torch.Tensor) and weight.dtype is dtype
             and (bias is None or isinstance(bias, torch.Tensor) and bias.dtype is dtype)):
@@ -247,6 +248,9 @@ def _weights(weight, bias, dtype):
         weight = weight.float()
     if isinstance(bias, torch.Tensor) and bias.dtype != dtype and bias.dtype in _FLOATS:
         bias = bias.float()
+    if (isinstance(weight, torch.Tensor) and isinstance(bias, torch.Tensor) and weight.dtype != bias.dtype
+            and weight.dtype in _FLOATS and bias.dtype in _FLOATS):
+        weight, bias = weight.float(), bias.float()
     return weight, bias
 
 

@@ -270,15 +270,24 @@ def _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf):
     # query_start_loc against the tokens
     packed = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None
     weight = layer.conv1d.weight if packed else sys.modules[_GDN]._unpacked_conv_weight(layer)
-    silu = layer.activation == "silu"
-    conv_out = None
-    if not gv._is_compiling():    # one op call into a new out (padded requests' rows zeros)
-        conv_out = gv._core._op_update(gv._op_new, gv._op_into, mixed_qkv_spec, conv_buf, weight, layer.conv1d.bias,
-                                       silu, num_acc, idx, gv.PAD_SLOT_ID, None, gv._OP_PACKED if packed else 0, qsl)
-    if conv_out is None:
+    silu, bias = layer.activation == "silu", layer.conv1d.bias
+    # into a new out, padded requests' rows zeros, as _update_op: one op call, else (a new out of
+    # 4 MiB or more, which the core takes from memory it reuses) one core call, else the full path
+    if not gv._is_compiling():
+        conv_out = gv._core._op_update(gv._op_new, gv._op_into, mixed_qkv_spec, conv_buf, weight, bias, silu,
+                                       num_acc, idx, gv.PAD_SLOT_ID, None, gv._OP_PACKED if packed else 0, qsl)
+        if conv_out is not None:
+            return conv_out, idx, num_acc, qsl
+    weight, bias = gv._plain(weight), gv._plain(bias)
+    try:
+        conv_out = gv._core._conv_update_vllm(mixed_qkv_spec, conv_buf, weight, bias, activation=silu,
+                                              num_accepted_tokens=num_acc, query_start_loc=qsl,
+                                              conv_state_indices=idx[:, 0] if idx.dim() == 2 else idx,
+                                              plain_tensors=True, is_weight_packed=packed)
+    except (TypeError, ValueError):
         conv_out = torch.zeros_like(mixed_qkv_spec)
-        gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, weight, layer.conv1d.bias, silu, idx, num_acc, qsl,
-                                out=conv_out, is_weight_packed=packed)
+        gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, weight, bias, silu, idx, num_acc, qsl, out=conv_out,
+                                is_weight_packed=packed)
     return conv_out, idx, num_acc, qsl
 
 
