@@ -282,7 +282,7 @@ def _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf):
     try:
         conv_out = gv._core._conv_update_vllm(mixed_qkv_spec, conv_buf, weight, bias, activation=silu,
                                               num_accepted_tokens=num_acc, query_start_loc=qsl,
-                                              conv_state_indices=idx[:, 0] if idx.dim() == 2 else idx,
+                                              conv_state_indices=(idx[:, 0] if idx.dim() == 2 else idx).contiguous(),
                                               plain_tensors=True, is_weight_packed=packed)
     except (TypeError, ValueError):
         conv_out = torch.zeros_like(mixed_qkv_spec)
