@@ -237,9 +237,9 @@ def test_bench_grid_vllm_weights_as_parameters(capsys):
     assert type(p.wtv).__torch_function__ is not torch.nn.Parameter.__torch_function__
     assert bench_grid.main(["--without-vllm", "--lib", "/nonexistent/_C.abi3.so", "--modes", "plain", "spec",
                             "--dims", "64", "--batch", "4", "--rounds", "1", "--sample-us", "10", "--wait-quiet", "0",
-                            "--vllm-weights", "parameter", "--csv", ""]) == 0
+                            "--vllm-weights", "parameter", "--vllm-spec", "step", "--csv", ""]) == 0
     out = capsys.readouterr().out
-    assert "vLLM's weight objects parameter" in out
+    assert "vLLM's weight objects parameter, vLLM's spec step" in out
     rows = [line.split() for line in out.splitlines() if line.split()[:2] in (["plain", "64"], ["spec", "64"])]
     assert [r[:3] for r in rows] == [["plain", "64", "B=4"], ["spec", "64", "B=4"]]
     assert all(float(v) > 0 for r in rows for v in r[5:8])
