@@ -174,8 +174,8 @@ def main(argv=None):
     ap.add_argument("--vllm-spec", choices=("op", "step"), default="op",
                     help="spec: vLLM's op alone (op), or vLLM's speculative conv as its engine runs it, from the "
                          "step's metadata (step: gdn_attention._spec_forward's checks and index conversions, then "
-                         "the op), as plugin's spec peer runs the plugin's: the plugin's ratio is then like for like, np's and "
-                         "vllm.py's set an op against a step (default: %(default)s)")
+                         "the op), as plugin's spec peer runs the plugin's: the plugin's ratio is then like for "
+                         "like, np's and vllm.py's set an op against a step (default: %(default)s)")
     ap.add_argument("--vllm-weights", choices=("tensor", "parameter"), default="tensor",
                     help="decode: the weight objects of vLLM's layer (its packed weight, its plain one), which vLLM, "
                          "plugin and vllm.py get, as plain tensors, or as vLLM 0.32's engine holds them: a Parameter "
@@ -209,7 +209,8 @@ def main(argv=None):
           f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, threads {threads} (both)"
           f"{'; out cache off' if args.no_out_cache else ''}")
     print(f"{rotation.describe()}")
-    print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}, vLLM's weight objects {args.vllm_weights}, vLLM's spec {args.vllm_spec}; "
+    print(f"bf16, W=4, silu, no bias, gdnconv's weights {args.weight}, vLLM's weight objects {args.vllm_weights}, "
+          f"vLLM's spec {args.vllm_spec}; "
           f"medians of {args.rounds} interleaved rounds, "
           f"us per call; ratios of medians (< 1: gdnconv faster); iqr: the case's largest interquartile range, % of "
           f"the median; other%: CPU time of other processes meanwhile, % of one CPU")

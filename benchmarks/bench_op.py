@@ -11,7 +11,8 @@ round, for the routes that try the op: ``gdnconv.vllm.causal_conv1d_update`` wit
 out (vLLM's order, vLLM's packed bf16 weight) and the plugin's drop-in for
 ``gdn_attention._causal_conv1d_update_cpu`` (a new out, tokens last), plain and speculative
 decode (T = 4), and with T = 4 the plugin's speculative conv (``_spec_forward``'s: a varlen call
-on vLLM's step metadata, with a (B, T) block table of slots), in three regimes: grad mode, ``torch.no_grad()`` and ``torch.inference_mode()``
+on vLLM's step metadata, with a (B, T) block table of slots), in three regimes: grad mode,
+``torch.no_grad()`` and ``torch.inference_mode()``
 (vLLM's steps). The state is made outside inference mode (as vLLM's cache); the step's tensors
 (x, indices, a given out) inside it in the inference regime, as vLLM's are. ``--weight
 subclass``: the weight an nn.Parameter subclass with a Python ``__torch_function__``, as

@@ -491,7 +491,8 @@ VARLEN_REFUSED = {
     "int64_starts": (lambda a: a.update(qsl=a["qsl"].long()), None),
     "max_query_len_given": (lambda a: a.update(max_query_len=4), None),
     "max_query_len_too_small": (lambda a: a.update(max_query_len=3), r"max_query_len = 3 is smaller"),
-    "starts_in_out": (lambda a: _starts_in_out(a), r"query_start_loc overlaps out: the call reads query_start_loc while it writes out"),
+    "starts_in_out": (lambda a: _starts_in_out(a),
+                      r"query_start_loc overlaps out: the call reads query_start_loc while it writes out"),
 }
 
 

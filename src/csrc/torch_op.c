@@ -17,9 +17,9 @@
  * x (B, D) or 3-D, or varlen x (N, D) with query_start_loc, conv_state (S, D, L), weights
  * in x's dtype or float32, int32 index arrays of at least B entries, conv_state_indices
  * also as a (B, k) table whose column 0 is read) on CPU tensors, every view inside its
- * storage, what is written (conv_state, out) apart from everything else by address range. Anything else they refuse (a None
- * result, or 0), before any write, and the caller runs its full path, which gives
- * that call's result or its error. They fill gdn_update_params as the Cython layer's
+ * storage, what is written (conv_state, out) apart from everything else by address range.
+ * Anything else they refuse (a None result, or 0), before any write, and the caller runs
+ * its full path, which gives that call's result or its error. They fill gdn_update_params as the Cython layer's
  * _update_params does, so the kernel, and its result, are the same bit for bit. What
  * the shim cannot read (a negation bit, requires_grad, inference tensors) the caller
  * checks before calling (_core._op_update, _runtime.pxi), and an input's negation bit the

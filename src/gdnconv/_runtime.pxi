@@ -242,8 +242,9 @@ cdef inline bint _op_writable(object t, bint inside):
 
 def _op_update(op_new, op_into, x, conv_state, weight, bias, activation, num_accepted_tokens, conv_state_indices,
                pad_slot_id, out, int flags, query_start_loc=None):
-    """gdnconv.vllm's usual decode call (varlen with ``query_start_loc``) through the ops' call ``op_new`` / ``op_into``
-    (``_direct_new`` / ``_direct_into``, without torch's dispatcher, made inline here; or
+    """gdnconv.vllm's usual decode call (varlen with ``query_start_loc``, an int32 tensor) through
+    the ops' call ``op_new`` / ``op_into`` (``_direct_new`` / ``_direct_into``, without torch's
+    dispatcher, made inline here; or
     the torch ops ``torch.ops._gdnconv.update_new`` / ``update_into``; src/csrc/torch_op.c;
     None: neither here): ``out`` None (into a new tensor, which it returns) or given,
     ``flags`` the GDN_OP_* of the call's layout (tokens last, packed weight, skipped rows

@@ -266,8 +266,8 @@ def _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf):
     num_acc = _int32_rows(attn_metadata_i.num_accepted_tokens, n, torch)
     # a weight vLLM packed at load (its plain copy stashed beside it) goes in packed, for
     # gdnconv.vllm's kept float32 form of it; else vLLM's plain (D, W) view. The block table's
-    # column 0 is each request's slot (read in place: gdnconv.vllm's convention); the call checks
-    # query_start_loc against the tokens
+    # column 0 is each request's slot (gdnconv.vllm's convention; the op reads it from the table);
+    # the call checks query_start_loc against the tokens
     packed = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None
     weight = layer.conv1d.weight if packed else sys.modules[_GDN]._unpacked_conv_weight(layer)
     silu, bias = layer.activation == "silu", layer.conv1d.bias
