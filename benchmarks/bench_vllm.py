@@ -139,29 +139,51 @@ class Peer:
             return self.vllm_spec_step(st)
         return lambda: o.causal_conv1d_update_cpu(xt, st, wv, bt, silu, na, idx, -1, True)
 
-    def vllm_spec_step(self, st):
-        """vLLM 0.32's speculative conv as its engine runs it (gdn_attention._spec_forward, step 1,
-        on the CPUs its op runs on): from the step's metadata (as ``plugin_spec`` gets it), the
-        check that every request has as many tokens, then its op on x (B, T, D), column 0 of the
-        block table and num_accepted_tokens as int32 (the same calls as vLLM's source, in order)."""
+    def spec_step(self):
+        """(layer, metadata, tokens) of a speculative step as vLLM's GDN layer hands them to
+        ``_spec_forward``: a module whose ``conv1d`` submodule holds the packed weight (a
+        registered parameter where it is a Parameter, as vLLM's ``ModelWeightParameter``, with
+        ``--vllm-weights parameter``), the bias and the plain weight beside it, as vLLM keeps them;
+        the step's query_start_loc, (B, T) block table of slots and num_accepted_tokens (int32);
+        the tokens (N, D)."""
         import types
-        B, T, D, torch, o = self.B, self.T, self.D, self.torch, self.ops
+        B, T, D, torch = self.B, self.T, self.D, self.torch
+        conv1d = torch.nn.Module()
+        if isinstance(self.wv, torch.nn.Parameter):
+            conv1d.register_parameter("weight", self.wv)
+        else:
+            conv1d.weight = self.wv
+        conv1d.bias = self.bt
+        conv1d._cpu_unpacked_conv_weight = self.wtv
+        layer = torch.nn.Module()
+        layer.conv1d = conv1d
+        layer.activation = "silu" if self.silu else None
         meta = types.SimpleNamespace(num_spec_decodes=B,
                                      spec_query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32),
                                      spec_state_indices_tensor=torch.stack([self.idxt] * T, 1),
                                      num_accepted_tokens=self.nat)
-        tokens, wv, bt, silu = self.xt.reshape(B * T, D), self.wv, self.bt, self.silu
+        return layer, meta, self.xt.reshape(B * T, D)
+
+    def vllm_spec_step(self, st):
+        """vLLM 0.32's speculative conv as its engine runs it (gdn_attention._spec_forward, step 1,
+        on the CPUs its op runs on), on ``spec_step``'s layer and metadata: the check that every
+        request has as many tokens, then its op on x (B, T, D), column 0 of the block table and
+        num_accepted_tokens as int32 (the same calls as vLLM's source, in order)."""
+        D, torch, o = self.D, self.torch, self.ops
+        layer, meta, tokens = self.spec_step()
 
         def step():
             n = meta.num_spec_decodes
             qsl = meta.spec_query_start_loc[:n + 1]
             seq_lens = qsl[1:] - qsl[:-1]
+            bias, silu = layer.conv1d.bias, layer.activation == "silu"
             native = (torch.cpu._is_amx_tile_supported() and n > 0 and bool(torch.all(seq_lens == seq_lens[0]).item())
                       and int(seq_lens[0].item()) > 0)
             assert native, "vLLM's engine would take its per-request torch loop here"
             q = int(seq_lens[0].item())
             return o.causal_conv1d_update_cpu(
-                tokens.view(n, q, D), st, wv, bt, silu, meta.num_accepted_tokens[:n].to("cpu", torch.int32),
+                tokens.view(n, q, D), st, layer.conv1d.weight, bias, silu,
+                meta.num_accepted_tokens[:n].to("cpu", torch.int32),
                 meta.spec_state_indices_tensor[:n, 0].to("cpu", torch.int32).contiguous(), -1, True).view_as(tokens)
         return step
 
@@ -206,18 +228,9 @@ class Peer:
     def plugin_spec(self, st):
         """The plugin's speculative conv where vLLM's op runs: its ``_spec_forward`` replaces
         vLLM's (whose equal-length conv is the op), and its conv (``_spec_conv``) takes the step's
-        metadata (query_start_loc, the (B, T) block table of slots, num_accepted_tokens) and
-        tokens (N, D), as vLLM's GDN layer hands them over, into a new out."""
-        import types
+        metadata and tokens (``spec_step``), as vLLM's GDN layer hands them over, into a new out."""
         from gdnconv import vllm_plugin
-        B, T, D, torch = self.B, self.T, self.D, self.torch
-        meta = types.SimpleNamespace(num_spec_decodes=B,
-                                     spec_query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32),
-                                     spec_state_indices_tensor=torch.stack([self.idxt] * T, 1),
-                                     num_accepted_tokens=self.nat)
-        conv1d = types.SimpleNamespace(weight=self.wv, bias=self.bt, _cpu_unpacked_conv_weight=True)
-        layer = types.SimpleNamespace(conv1d=conv1d, activation="silu" if self.silu else None)
-        tokens = self.xt.reshape(B * T, D)
+        layer, meta, tokens = self.spec_step()
         return lambda: vllm_plugin._spec_conv(layer, meta, tokens, st)[0]
 
     def gdn_vllm(self, plain=False, packed=False, out=None):
