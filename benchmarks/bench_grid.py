@@ -173,8 +173,8 @@ def main(argv=None):
                          "(packed where vLLM's op runs) (default: %(default)s)")
     ap.add_argument("--vllm-spec", choices=("op", "step"), default="op",
                     help="spec: vLLM's op alone (op), or vLLM's speculative conv as its engine runs it, from the "
-                         "step's metadata (step: gdn_attention._spec_forward's checks and index conversions, then "
-                         "the op), as plugin's spec peer runs the plugin's: the plugin's ratio is then like for "
+                         "step's metadata (step, AMX CPUs, where vLLM's step takes its op: "
+                         "gdn_attention._spec_forward's checks and index conversions, then the op), as plugin's spec peer runs the plugin's: the plugin's ratio is then like for "
                          "like, np's and vllm.py's set an op against a step (default: %(default)s)")
     ap.add_argument("--vllm-weights", choices=("tensor", "parameter"), default="tensor",
                     help="decode: the weight objects of vLLM's layer (its packed weight, its plain one), which vLLM, "
@@ -204,6 +204,10 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    if args.vllm_spec == "step" and ops is not None and not torch.cpu._is_amx_tile_supported():
+        print("bench_grid: --vllm-spec step: vLLM 0.32's speculative step takes its op only with AMX; on this CPU it "
+              "runs a per-request torch loop, which this does not time", file=sys.stderr)
+        return 2
     print(f"bench_grid {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {cpu} "
           f"({os.cpu_count()} CPUs), load {os.getloadavg()[0]:.2f}; gdnconv {gdnconv.__version__} "
           f"(isa {gdnconv.active_isa()}), torch {torch.__version__}, threads {threads} (both)"

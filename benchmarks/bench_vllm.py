@@ -165,11 +165,18 @@ class Peer:
         return layer, meta, self.xt.reshape(B * T, D)
 
     def vllm_spec_step(self, st):
-        """vLLM 0.32's speculative conv as its engine runs it (gdn_attention._spec_forward, step 1,
-        on the CPUs its op runs on), on ``spec_step``'s layer and metadata: the check that every
-        request has as many tokens, then its op on x (B, T, D), column 0 of the block table and
-        num_accepted_tokens as int32 (the same calls as vLLM's source, in order)."""
+        """vLLM 0.32's speculative conv as its engine runs it where it takes its op
+        (gdn_attention._spec_forward, step 1: AMX or aarch64 with BF16, W = 4, equal lengths), on
+        ``spec_step``'s layer and metadata: the check that every request has as many tokens, then
+        its op on x (B, T, D), column 0 of the block table and num_accepted_tokens as int32 (vLLM's
+        source's calls, in order, but for its Python wrappers around the op,
+        ``_causal_conv1d_update_cpu`` and ``_custom_ops``, which are left out: ~1 µs in vLLM's
+        favour). Elsewhere (Zen 4: AVX512-BF16 without AMX) vLLM's engine runs a per-request
+        torch loop, which this does not time: RuntimeError."""
         D, torch, o = self.D, self.torch, self.ops
+        if not torch.cpu._is_amx_tile_supported():
+            raise RuntimeError("vLLM 0.32's speculative step takes its op only with AMX (or aarch64 with BF16); "
+                               "here it runs a per-request torch loop, which --vllm-spec step does not time")
         layer, meta, tokens = self.spec_step()
 
         def step():
@@ -179,7 +186,8 @@ class Peer:
             bias, silu = layer.conv1d.bias, layer.activation == "silu"
             native = (torch.cpu._is_amx_tile_supported() and n > 0 and bool(torch.all(seq_lens == seq_lens[0]).item())
                       and int(seq_lens[0].item()) > 0)
-            assert native, "vLLM's engine would take its per-request torch loop here"
+            if not native:
+                raise RuntimeError("vLLM's engine would take its per-request torch loop here")
             q = int(seq_lens[0].item())
             return o.causal_conv1d_update_cpu(
                 tokens.view(n, q, D), st, layer.conv1d.weight, bias, silu,

@@ -317,6 +317,8 @@ def test_the_grids_speculative_steps_compute_the_step():
         pytest.skip("vLLM's op library not found: set VLLM_C_LIB (see benchmarks/bench_vllm.py)")
     if not gdnconv.cpu_features().get("avx512_bf16"):
         pytest.skip("CPU lacks avx512_bf16, which vLLM's causal_conv1d_update_cpu needs")
+    if not torch.cpu._is_amx_tile_supported():
+        pytest.skip("CPU lacks AMX, without which vLLM's speculative step runs a torch loop, not its op")
     import bench_vllm
     from conftest import reference
     from gdnconv.testing import assert_outputs_close

@@ -599,23 +599,29 @@ def test_the_plugins_speculative_conv(tier, metadata, weights, monkeypatch, op_c
 
 
 def test_the_plugins_speculative_conv_of_a_large_out_is_one_core_call(monkeypatch, op_calls):
-    """An out of 4 MiB or more the op leaves to the core, which takes it from memory it reuses:
-    the same bits as the op's call of a smaller step would give (the Cython path's)."""
+    """An out of 4 MiB or more the op leaves to the core, which makes it from memory it reuses:
+    one core call (not the full path), the reference's values and state, and zeros in the rows
+    of the padded request's tokens."""
     import types
-    lens, D = (16, 0, 8, 8), 1 << 16
-    res = []
-    for use_op in (True, False):
-        st, x, w, b, table, nat, qsl = _varlen_case(25, "bf16", "SD", True, D=D, lens=lens, slots=(3, -1, 0, 5))
-        if not use_op:
-            monkeypatch.setattr(gv, "_op_new", None)
-        meta = types.SimpleNamespace(num_spec_decodes=4, spec_query_start_loc=qsl, spec_state_indices_tensor=table,
-                                     num_accepted_tokens=nat)
-        layer = types.SimpleNamespace(conv1d=types.SimpleNamespace(weight=gv.pack_weight_like_vllm(w), bias=b,
-                                                                   _cpu_unpacked_conv_weight=True), activation="silu")
-        res += [vp._spec_conv(layer, meta, x, st)[0], st]
-    assert x.nbytes >= 4 << 20 and op_calls == [False]
-    assert torch.equal(bits_t(res[0]), bits_t(res[2])) and torch.equal(bits_t(res[1]), bits_t(res[3]))
-    assert not res[0][qsl[1]:qsl[2]].any() and not res[0][:0].any()
+    st, x, w, b, table, nat, qsl = _varlen_case(25, "bf16", "SD", True, D=1 << 16, lens=(16, 4, 8, 4),
+                                                 slots=(3, -1, 0, 5))
+    st0 = st.clone()
+    full_calls = []
+    monkeypatch.setattr(gv, "causal_conv1d_update", lambda *a, _f=gv.causal_conv1d_update, **k: full_calls.append(1)
+                        or _f(*a, **k))
+    meta = types.SimpleNamespace(num_spec_decodes=4, spec_query_start_loc=qsl, spec_state_indices_tensor=table,
+                                 num_accepted_tokens=nat)
+    layer = types.SimpleNamespace(conv1d=types.SimpleNamespace(weight=gv.pack_weight_like_vllm(w), bias=b,
+                                                               _cpu_unpacked_conv_weight=True), activation="silu")
+    out = vp._spec_conv(layer, meta, x, st)[0]
+    assert x.nbytes >= 4 << 20 and op_calls == [False] and full_calls == []
+    r_out, r_state, mag = reference(x, st0.transpose(1, 2), w, b, activation="silu", conv_state_indices=table[:, 0],
+                                    num_accepted_tokens=nat, query_start_loc=qsl)
+    live = np.repeat(table[:, 0].numpy() != -1, np.diff(qsl.numpy()))
+    assert not live.all()
+    assert_outputs_close(out, r_out, mag, silu=True, rows=live)
+    assert_bits_equal(st.transpose(1, 2), r_state, "conv_state")
+    assert not out[~torch.from_numpy(live)].any()
 
 
 @pytest.mark.parametrize("written", ["conv_state", "out"])

@@ -256,8 +256,8 @@ def _spec_forward(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_b
 
 def _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf):
     """_spec_forward's conv: (its out, the step's block table, num_accepted_tokens and
-    query_start_loc as int32, for the recurrent kernel). One op call at most (gdnconv.vllm's
-    varlen call; benchmarks/bench_op.py times it)."""
+    query_start_loc as int32, for the recurrent kernel): one op call where the op takes it
+    (gdnconv.vllm's varlen call; benchmarks/bench_op.py times it)."""
     import torch
     gv = _gv or _vllm_adapters()
     n = attn_metadata_i.num_spec_decodes
@@ -268,7 +268,7 @@ def _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf):
     # gdnconv.vllm's kept float32 form of it; else vLLM's plain (D, W) view. The block table's
     # column 0 is each request's slot (gdnconv.vllm's convention; the op reads it from the table);
     # the call checks query_start_loc against the tokens
-    conv1d = layer.conv1d     # (a submodule: nn.Module's __getattr__, ~0.4 us a read, once)
+    conv1d = layer.conv1d     # (a submodule: nn.Module's __getattr__, ~0.7 us a read, once)
     packed = getattr(conv1d, "_cpu_unpacked_conv_weight", None) is not None
     weight = conv1d.weight if packed else sys.modules[_GDN]._unpacked_conv_weight(layer)
     silu, bias = layer.activation == "silu", conv1d.bias
