@@ -174,8 +174,9 @@ def main(argv=None):
     ap.add_argument("--vllm-spec", choices=("op", "step"), default="op",
                     help="spec: vLLM's op alone (op), or vLLM's speculative conv as its engine runs it, from the "
                          "step's metadata (step, AMX CPUs, where vLLM's step takes its op: "
-                         "gdn_attention._spec_forward's checks and index conversions, then the op), as plugin's spec peer runs the plugin's: the plugin's ratio is then like for "
-                         "like, np's and vllm.py's set an op against a step (default: %(default)s)")
+                         "gdn_attention._spec_forward's checks and index conversions, then the op), as plugin's "
+                         "spec peer runs the plugin's: the plugin's ratio is then like for like, np's and vllm.py's "
+                         "set an op against a step (default: %(default)s)")
     ap.add_argument("--vllm-weights", choices=("tensor", "parameter"), default="tensor",
                     help="decode: the weight objects of vLLM's layer (its packed weight, its plain one), which vLLM, "
                          "plugin and vllm.py get, as plain tensors, or as vLLM 0.32's engine holds them: a Parameter "
