@@ -75,17 +75,24 @@ def test_bench_prefill_smoke():
     assert len(row) == 1 and "nan" in row[0]   # vllm's column is empty
 
 
-def test_bench_prefill_checks_vllm_against_the_reference():
-    """bench_prefill.py's first step, with vLLM's op library: vLLM's prefill and gdnconv's
-    on a small case against the float64 reference (outputs within tolerance, states bit
-    for bit); a failed check would leave vLLM's column untimed."""
+def _vllm_lib(op):
+    """vLLM's op library ($VLLM_C_LIB) for a test that runs its ``op``, with torch and ml_dtypes;
+    skips where it is not set or the CPU lacks AVX512-BF16 (which vLLM's native ops need)."""
     pytest.importorskip("torch")
     pytest.importorskip("ml_dtypes")
     lib = os.environ.get("VLLM_C_LIB")
     if not lib or not os.path.exists(lib):
         pytest.skip("vLLM's op library not found: set VLLM_C_LIB (see benchmarks/bench_vllm.py)")
     if not gdnconv.cpu_features().get("avx512_bf16"):
-        pytest.skip("CPU lacks avx512_bf16, which vLLM's causal_conv1d_fwd_cpu needs")
+        pytest.skip(f"CPU lacks avx512_bf16, which vLLM's {op} needs")
+    return lib
+
+
+def test_bench_prefill_checks_vllm_against_the_reference():
+    """bench_prefill.py's first step, with vLLM's op library: vLLM's prefill and gdnconv's
+    on a small case against the float64 reference (outputs within tolerance, states bit
+    for bit); a failed check would leave vLLM's column untimed."""
+    lib = _vllm_lib("causal_conv1d_fwd_cpu")
     res = run_python(f"import sys; sys.path.insert(0, {str(BENCH)!r}); import bench_prefill; "
                      f"sys.exit(bench_prefill.main(['--_check', '--lib', {lib!r}]))", timeout=300)
     assert res.returncode == 0, res.stderr
@@ -310,19 +317,14 @@ def test_the_grids_speculative_steps_compute_the_step():
     the step's metadata; vLLM with --vllm-spec step: vLLM 0.32's checks and conversions, then its
     op): on the same step both give the float64 reference's outputs and its state bit for bit, so
     neither times a call that skips work."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("ml_dtypes")
-    lib = os.environ.get("VLLM_C_LIB")
-    if not lib or not os.path.exists(lib):
-        pytest.skip("vLLM's op library not found: set VLLM_C_LIB (see benchmarks/bench_vllm.py)")
-    if not gdnconv.cpu_features().get("avx512_bf16"):
-        pytest.skip("CPU lacks avx512_bf16, which vLLM's causal_conv1d_update_cpu needs")
+    lib = _vllm_lib("causal_conv1d_update_cpu")
+    import torch
     if not torch.cpu._is_amx_tile_supported():
         pytest.skip("CPU lacks AMX, without which vLLM's speculative step runs a torch loop, not its op")
     import bench_vllm
     from conftest import reference
     from gdnconv.testing import assert_outputs_close
-    torch_, ops = bench_vllm._load(lib)
+    _, ops = bench_vllm._load(lib)
     B, T, D = 3, 4, 64
     p = bench_vllm.Peer(torch, ops, np.random.default_rng(5), B, T, D, bench_vllm.W_VLLM - 2 + T, S=8,
                         weight="packed")
