@@ -11,12 +11,13 @@ round, for the routes that try the op: ``gdnconv.vllm.causal_conv1d_update`` wit
 out (vLLM's order, vLLM's packed bf16 weight) and the plugin's drop-in for
 ``gdn_attention._causal_conv1d_update_cpu`` (a new out, tokens last), plain and speculative
 decode (T = 4), and with T = 4 the plugin's speculative conv (``_spec_forward``'s: a varlen call
-on vLLM's step metadata, with a (B, T) block table of slots), in three regimes: grad mode,
+on vLLM's step metadata, with a (B, T) block table of slots, on a layer of modules as vLLM's,
+``layer.conv1d`` a submodule, its bias a registered None), in three regimes: grad mode,
 ``torch.no_grad()`` and ``torch.inference_mode()``
 (vLLM's steps). The state is made outside inference mode (as vLLM's cache); the step's tensors
 (x, indices, a given out) inside it in the inference regime, as vLLM's are. ``--weight
 subclass``: the weight an nn.Parameter subclass with a Python ``__torch_function__``, as
-vLLM's ModelWeightParameter (its conv1d's weight in vLLM 0.32; ``harness.vllm_weight``).
+vLLM's ModelWeightParameter (its conv1d's weight in vLLM 0.32, registered; ``harness.vllm_weight``).
 Warm (repeated calls on the same arrays), one thread, bf16, W = 4, SiLU; medians of the
 rounds, us per call.
 """
@@ -61,8 +62,18 @@ def calls(B, D, T, regime, weight):
                 num_spec_decodes=B, spec_query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32),
                 spec_state_indices_tensor=torch.stack([idx] * T, 1), num_accepted_tokens=na)
             tokens = x.reshape(B * T, D)
-        conv1d = types.SimpleNamespace(weight=w, bias=None, _cpu_unpacked_conv_weight=True)
-        layer = types.SimpleNamespace(conv1d=conv1d, activation="silu")
+        # the layer as vLLM holds it: modules, the bias a registered None, the weight a registered
+        # parameter where it is one (--weight subclass), the stash of the plain weight an attribute
+        conv1d = torch.nn.Module()
+        if isinstance(w, torch.nn.Parameter):
+            conv1d.register_parameter("weight", w)
+        else:
+            conv1d.weight = w
+        conv1d.register_parameter("bias", None)
+        conv1d._cpu_unpacked_conv_weight = True
+        layer = torch.nn.Module()
+        layer.conv1d = conv1d
+        layer.activation = "silu"
         fns["plugin, spec varlen"] = lambda: vp._spec_conv(layer, meta, tokens, st)
     return fns
 

@@ -143,7 +143,8 @@ class Peer:
         """(layer, metadata, tokens) of a speculative step as vLLM's GDN layer hands them to
         ``_spec_forward``: a module whose ``conv1d`` submodule holds the packed weight (a
         registered parameter where it is a Parameter, as vLLM's ``ModelWeightParameter``, with
-        ``--vllm-weights parameter``), the bias and the plain weight beside it, as vLLM keeps them;
+        ``--vllm-weights parameter``), the bias (no bias: a registered None, as vLLM's) and the
+        plain weight beside it, as vLLM keeps them;
         the step's query_start_loc, (B, T) block table of slots and num_accepted_tokens (int32);
         the tokens (N, D)."""
         import types
@@ -153,8 +154,11 @@ class Peer:
             conv1d.register_parameter("weight", self.wv)
         else:
             conv1d.weight = self.wv
-        conv1d.bias = self.bt
-        conv1d._cpu_unpacked_conv_weight = self.wtv
+        if self.bt is None:   # vLLM's conv1d is a linear layer built without bias: a registered None
+            conv1d.register_parameter("bias", None)
+        else:
+            conv1d.bias = self.bt
+        conv1d._cpu_unpacked_conv_weight = self.wt   # (vLLM stashes a clone: a plain tensor, not registered)
         layer = torch.nn.Module()
         layer.conv1d = conv1d
         layer.activation = "silu" if self.silu else None

@@ -4,6 +4,7 @@ reference's), in every route that tries it (gdnconv.vllm's given out and out=Non
 new outs); whatever it refuses goes to the full path, which gives that call's result or its
 error, with nothing written."""
 import re
+import types
 import zlib
 
 import numpy as np
@@ -552,18 +553,33 @@ def test_varlen_starts_with_a_negation_bit_are_read_as_their_values(entry, monke
     assert torch.equal(bits_t(out), bits_t(ref_out)) and torch.equal(bits_t(st), bits_t(ref_st))
 
 
+def _vllm_like_layer(weight, bias, unpacked):
+    """A GDN layer as vLLM holds it: a module whose conv1d submodule has its weight registered as
+    a Parameter subclass (vLLM's ModelWeightParameter), its bias registered (None or a Parameter)
+    and the stash of its plain weight as an instance attribute."""
+    conv1d = torch.nn.Module()
+    conv1d.register_parameter("weight", _WeightParameter(weight, requires_grad=False))
+    conv1d.register_parameter("bias", None if bias is None else torch.nn.Parameter(bias, requires_grad=False))
+    conv1d._cpu_unpacked_conv_weight = unpacked
+    layer = torch.nn.Module()
+    layer.conv1d = conv1d
+    layer.activation = "silu"
+    return layer
+
+
+@pytest.mark.parametrize("holder", ["namespace", "module"])
 @pytest.mark.parametrize("metadata", ["as_vllm", "longer_int64"])
 @pytest.mark.parametrize("weights", ["packed", "plain", "fp16"])
 @pytest.mark.parametrize("tier", ["op", "core"])
-def test_the_plugins_speculative_conv(tier, metadata, weights, monkeypatch, op_calls):
+def test_the_plugins_speculative_conv(tier, metadata, weights, holder, monkeypatch, op_calls):
     """The plugin's speculative conv (_spec_conv, for its _spec_forward) on vLLM's step metadata,
     into a new out: one op call; where the op does not take it (off here, or an out of 4 MiB or
     more) one core call; where that refuses too (an fp16 weight for a bf16 state), the full path,
     which widens it. Every tier gives the reference's values, its state bit for bit and zeros in
     padded and empty requests' rows; metadata with more rows than the step, or int64, is cut and
-    converted (vLLM's tensors, int32 and of the step's rows, are passed as they come)."""
+    converted (vLLM's tensors, int32 and of the step's rows, are passed as they come). The layer
+    a namespace, or modules as vLLM's (whose registered members _member reads)."""
     import sys
-    import types
     st, x, w, b, table, nat, qsl = _varlen_case(24, "bf16", "SD", True, D=64)
     st0 = st.clone()
     if tier == "core":
@@ -580,9 +596,12 @@ def test_the_plugins_speculative_conv(tier, metadata, weights, monkeypatch, op_c
     meta = types.SimpleNamespace(num_spec_decodes=B, spec_query_start_loc=meta_qsl,
                                  spec_state_indices_tensor=meta_table, num_accepted_tokens=meta_nat)
     plain_w = w.half() if weights == "fp16" else w
-    conv1d = types.SimpleNamespace(weight=gv.pack_weight_like_vllm(w) if weights == "packed" else plain_w, bias=b,
-                                   _cpu_unpacked_conv_weight=True if weights == "packed" else None)
-    layer = types.SimpleNamespace(conv1d=conv1d, activation="silu")
+    held = (gv.pack_weight_like_vllm(w) if weights == "packed" else plain_w, b, True if weights == "packed" else None)
+    if holder == "module":
+        layer = _vllm_like_layer(*held)
+    else:
+        conv1d = types.SimpleNamespace(weight=held[0], bias=held[1], _cpu_unpacked_conv_weight=held[2])
+        layer = types.SimpleNamespace(conv1d=conv1d, activation="silu")
     # vLLM's plain (D, W) view of its weight, which the plugin asks its module for
     monkeypatch.setitem(sys.modules, vp._GDN, types.SimpleNamespace(_unpacked_conv_weight=lambda layer: plain_w))
     out, idx, num_acc, starts = vp._spec_conv(layer, meta, x, st)
@@ -598,11 +617,48 @@ def test_the_plugins_speculative_conv(tier, metadata, weights, monkeypatch, op_c
     assert not out[~torch.from_numpy(live)].any()
 
 
+def test_member_reads_what_getattr_reads():
+    """_member(m, name) is getattr(m, name): registered parameters, buffers (also None) and
+    submodules from the module's dicts, each read anew (a parameter registered again is the new
+    one); an instance attribute, a class attribute or property of that name, a class with its own
+    __getattr__, a name not there (AttributeError, as getattr's) and an object that is no module
+    through getattr."""
+    class Shadowed(torch.nn.Module):
+        @property
+        def weight(self):
+            return "the property"
+
+    class OwnGetattr(torch.nn.Module):
+        def __getattr__(self, name):
+            return "own" if name == "weight" else super().__getattr__(name)
+
+    m = torch.nn.Module()
+    m.register_parameter("weight", torch.nn.Parameter(torch.ones(2)))
+    m.register_parameter("bias", None)
+    m.register_buffer("running", torch.zeros(3))
+    m.register_buffer("empty", None)
+    m.child = torch.nn.Linear(2, 2)
+    m.plain = torch.ones(1)          # not registered: an instance attribute
+    shadowed, own = Shadowed(), OwnGetattr()
+    shadowed.register_parameter("bias", torch.nn.Parameter(torch.ones(1)))
+    for module in (shadowed, own):   # registered under the name the class answers for (past its checks)
+        module._parameters["weight"] = torch.nn.Parameter(torch.ones(2))
+    cases = [(m, n) for n in ("weight", "bias", "running", "empty", "child", "plain", "training", "call_super_init")]
+    cases += [(shadowed, "weight"), (shadowed, "bias"), (own, "weight"), (types.SimpleNamespace(weight=5), "weight")]
+    for module, name in cases:
+        for _ in range(2):   # (the second read from _member's record of the class)
+            assert vp._member(module, name) is getattr(module, name), (type(module).__name__, name)
+    m.register_parameter("weight", torch.nn.Parameter(torch.zeros(2)))
+    assert vp._member(m, "weight") is m.weight and not m.weight.any()
+    for module in (m, types.SimpleNamespace()):
+        with pytest.raises(AttributeError):
+            vp._member(module, "missing")
+
+
 def test_the_plugins_speculative_conv_of_a_large_out_is_one_core_call(monkeypatch, op_calls):
     """An out of 4 MiB or more the op leaves to the core, which makes it from memory it reuses:
     one core call (not the full path), the reference's values and state, and zeros in the rows
     of the padded request's tokens."""
-    import types
     st, x, w, b, table, nat, qsl = _varlen_case(25, "bf16", "SD", True, D=1 << 16, lens=(16, 4, 8, 4),
                                                  slots=(3, -1, 0, 5))
     st0 = st.clone()

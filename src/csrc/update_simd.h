@@ -216,17 +216,30 @@ GDN_INLINE void simd_next_rows(const gdn_update_params *p, int64_t i, int64_t c0
 #endif
 }
 
-/* line (byte offset) o of every row of nx (SIMD_PREFETCH_R / _W: the ISA header's) */
-GDN_INLINE void simd_prefetch(const simd_next *nx, int64_t o) {
-    for (int k = 0; k < nx->nr; k++) SIMD_PREFETCH_R(nx->row[k] + o);
-    for (int k = nx->nr; k < nx->nr + nx->nw; k++) SIMD_PREFETCH_W(nx->row[k] + o);
+/* line (byte offset) o of every row of nx (SIMD_PREFETCH_R / _W: the ISA header's). NR,
+ * NW: the caller's expectation of nx's counts of rows read and only written, constants
+ * (0: none); a count that matches is prefetched unrolled, without the loop over a count
+ * read from memory (benchmarks/README.md, stop 57: warm plain decode 3-8% faster). */
+GDN_INLINE void simd_prefetch(const simd_next *nx, int64_t o, const int NR, const int NW) {
+    if (NR > 0 && nx->nr == NR) {
+#pragma GCC unroll 16
+        for (int k = 0; k < NR; k++) SIMD_PREFETCH_R(nx->row[k] + o);
+    } else {
+        for (int k = 0; k < nx->nr; k++) SIMD_PREFETCH_R(nx->row[k] + o);
+    }
+    if (NW > 0 && nx->nw == NW) {
+#pragma GCC unroll 16
+        for (int k = nx->nr; k < nx->nr + NW; k++) SIMD_PREFETCH_W(nx->row[k] + o);
+    } else {
+        for (int k = nx->nr; k < nx->nr + nx->nw; k++) SIMD_PREFETCH_W(nx->row[k] + o);
+    }
 }
 
 /* The prefetch of a line step of the given bytes at byte offset o0 of the unit's rows: a
  * line of each of nx's rows per GDN_PF_EVERY bytes. */
-GDN_INLINE void simd_prefetch_step(const simd_next *nx, int64_t o0, int64_t bytes) {
+GDN_INLINE void simd_prefetch_step(const simd_next *nx, int64_t o0, int64_t bytes, const int NR, const int NW) {
     for (int64_t o = o0; o < o0 + bytes; o += 64)
-        if (o % GDN_PF_EVERY == 0) simd_prefetch(nx, o);
+        if (o % GDN_PF_EVERY == 0) simd_prefetch(nx, o, NR, NW);
 }
 
 /* A unit's weights as the line steps read them, channel 0 the unit's first: W fp32 tap
@@ -288,7 +301,7 @@ GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, in
     const int64_t e = gdn_elsize(dt), step = NV * LANES;
     for (int64_t c = ca; c < cb; c += step) {
         V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
-        if (prefetch) simd_prefetch_step(nx, c * e, step * e);
+        if (prefetch) simd_prefetch_step(nx, c * e, step * e, 0, 0);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
             simd_taps(wt, c + v * LANES, w, b, v, W, WP);
@@ -332,7 +345,7 @@ GDN_INLINE void sd_direct_T(const gdn_update_params *p, const gdn_request *r, in
         V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
         R seq[GDN_MAX_WIDTH - 1 + 4][4];   /* the window rows, then the tokens */
         const int64_t ce = c * e;
-        simd_prefetch_step(nx, ce, step * e);
+        simd_prefetch_step(nx, ce, step * e, T + H, spec ? 0 : T);   /* (the next request's T taken as this one's) */
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++) {
             simd_taps(wt, c + v * LANES, w, b, v, W, WP);
@@ -390,7 +403,7 @@ GDN_INLINE void tc_t1_step(char *st, const int sd, const char *x, int64_t xt, ch
     const int H = W - 1;
     V w[GDN_MAX_WIDTH][4], hf[GDN_MAX_WIDTH - 1][4], b[4];
     const int e = gdn_elsize(dt);
-    simd_prefetch_step(nx, c * e, 32 * e);
+    simd_prefetch_step(nx, c * e, 32 * e, T + sd, T);   /* (the next request's T taken as this one's) */
 #pragma GCC unroll 2
     for (int v = 0; v < 2; v++) simd_taps(wt, c + v * LANES, w, b, v, W, WP);
     char *blk = st + e * c * sd;
