@@ -280,3 +280,21 @@ def test_spec_mode_long_steps(isa, rng, T, dtype, W):
     call = make_call(rng, dtype=dtype, W=W, D=200, T=T, B=3, mode="spec", batching="varlen",
                      pads=True, extra=int(rng.integers(0, 3)))
     run_and_check(call, out_mode=str(rng.choice(["new", "given", "x"])), rng=rng)
+
+
+@pytest.mark.parametrize("nat", [13, 15, 18])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_spec_window_far_down_a_long_state(isa, rng, dtype, nat):
+    """Speculative requests of 8 and 9 tokens after shorter ones, W = 8, their windows far down a
+    24-row state: the next unit's prefetch then lists up to 37 rows (until stop 57 the list held
+    32, was written past, and AVX2's outputs came out wrong)."""
+    W, L, D = 8, 24, 256
+    dt = DTYPES[dtype]
+    lens = np.array([1, 8, 3, 9])
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    call = {"x": rng.standard_normal((int(qsl[-1]), D)).astype(dt),
+            "conv_state": rng.standard_normal((6, L, D)).astype(dt),
+            "weight": (rng.standard_normal((D, W)) / np.sqrt(W)).astype(dt), "bias": None,
+            "kw": dict(activation="silu", num_accepted_tokens=np.array([1, nat, 2, nat], np.int32),
+                       conv_state_indices=np.array([4, 0, 5, 2], np.int32), query_start_loc=qsl, pad_slot_id=-1)}
+    run_and_check(call, num_threads=1, rng=rng)

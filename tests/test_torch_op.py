@@ -621,8 +621,10 @@ def test_member_reads_what_getattr_reads():
     """_member(m, name) is getattr(m, name): registered parameters, buffers (also None) and
     submodules from the module's dicts, each read anew (a parameter registered again is the new
     one); an instance attribute, a class attribute or property of that name, a class with its own
-    __getattr__, a name not there (AttributeError, as getattr's) and an object that is no module
-    through getattr."""
+    __getattr__, a name not there (AttributeError, as getattr's), a module without its parameter
+    dict (TypeError, as getattr's), a class that cannot be hashed and an object that is no module
+    through getattr; the record of classes stays bounded under torch's parametrizations (a class
+    per module)."""
     class Shadowed(torch.nn.Module):
         @property
         def weight(self):
@@ -653,6 +655,34 @@ def test_member_reads_what_getattr_reads():
     for module in (m, types.SimpleNamespace()):
         with pytest.raises(AttributeError):
             vp._member(module, "missing")
+    broken = torch.nn.Module()         # no parameter dict: __getattr__ fails on it, and so does _member
+    broken.register_buffer("running", torch.ones(1))
+    broken.__dict__["_parameters"] = None
+    for read in (getattr, vp._member):
+        with pytest.raises(TypeError):
+            read(broken, "running")
+
+    class Unhashable(type(torch.nn.Module)):
+        __hash__ = None
+
+    class Odd(torch.nn.Module, metaclass=Unhashable):
+        pass
+
+    odd = Odd()
+    odd.register_parameter("weight", torch.nn.Parameter(torch.ones(1)))
+    assert vp._member(odd, "weight") is odd.weight
+    # a class per module (torch's parametrizations): the record of classes stays bounded
+    from torch.nn.utils import parametrize
+
+    class Same(torch.nn.Module):
+        def forward(self, w):
+            return w
+
+    for _ in range(vp._VIA_GETATTR_MAX + 10):
+        lin = torch.nn.Linear(2, 2)
+        parametrize.register_parametrization(lin, "weight", Same())
+        assert torch.equal(vp._member(lin, "weight"), lin.weight) and vp._member(lin, "bias") is lin.bias
+    assert len(vp._via_getattr) <= vp._VIA_GETATTR_MAX
 
 
 def test_the_plugins_speculative_conv_of_a_large_out_is_one_core_call(monkeypatch, op_calls):

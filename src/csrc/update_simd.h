@@ -173,8 +173,13 @@ GDN_INLINE void state_out(char *st, int64_t sl, int64_t sd, int R, const char *b
  * line step, so that a cold call has the next unit's lines in flight while it
  * computes this one: x and out rows of its first slab, and of a channel-contiguous
  * state the rows it reads and those the speculative roll writes, of a time-contiguous
- * one its whole block (as consecutive rows of the block's width). */
-#define GDN_PF_ROWS (2 * GDN_SLAB + 2 * GDN_MAX_WIDTH)
+ * one its whole block (as consecutive rows of the block's width). At most: T <= GDN_SLAB
+ * x rows, W - 1 window rows (channel-contiguous) or up to GDN_MAX_WIDTH + 1 block rows, T
+ * out rows and up to W - 2 + T roll rows outside the window (channel-contiguous,
+ * speculative): 3 * GDN_SLAB + 2 * GDN_MAX_WIDTH - 3. (The array held 2 * (GDN_SLAB +
+ * GDN_MAX_WIDTH) until stop 57: speculative requests at W >= 6 with T >= 8 and the window
+ * far down the state wrote past it.) */
+#define GDN_PF_ROWS (3 * GDN_SLAB + 2 * GDN_MAX_WIDTH - 1)
 typedef struct {
     const char *row[GDN_PF_ROWS];
     int nr, nw;   /* rows 0..nr-1 are read, nr..nr+nw-1 only written */

@@ -243,36 +243,45 @@ def _int32_rows(t, n, torch):
 
 
 _via_getattr = {}   # (class, name) -> whether reading name from an instance reaches nn.Module.__getattr__
+_VIA_GETATTR_MAX = 256   # (emptied when full: torch.nn.utils.parametrize makes a class per module,
+                         # which refers to its module, so the dict would keep such modules alive)
+_ABSENT = object()
 
 
 def _member(module, name):
     """getattr(module, name) for a torch module's registered parameter, buffer or submodule
     (vLLM's ``layer.conv1d``, ``conv1d.weight``, ``conv1d.bias``, ``layer.A_log``): read from
-    the module's dicts in nn.Module.__getattr__'s order (_parameters, _buffers, _modules;
+    the module's dicts as nn.Module.__getattr__ reads them (_parameters, _buffers, _modules;
     ~0.2 us a read, through __getattr__ 0.45-0.6 us) where Python's lookup would call
     __getattr__: nothing of that name on the class or in the instance's __dict__, and the
     class's __getattr__ and __getattribute__ nn.Module's and object's. Else, or not
-    registered there: getattr."""
-    key = (type(module), name)
-    reaches = _via_getattr.get(key)
+    registered there: getattr. The class is looked at on its first read of the name (a class
+    changed afterwards, a property or __getattr__ added to it, is not seen)."""
+    try:
+        key = (type(module), name)
+        reaches = _via_getattr.get(key)
+    except TypeError:   # (a class that cannot be hashed)
+        return getattr(module, name)
     if reaches is None:
         import torch
         cls = key[0]
-        reaches = _via_getattr[key] = (issubclass(cls, torch.nn.Module)
-                                       and cls.__getattr__ is torch.nn.Module.__getattr__
-                                       and cls.__getattribute__ is object.__getattribute__
-                                       and not any(name in vars(k) for k in cls.__mro__))
+        reaches = (issubclass(cls, torch.nn.Module) and cls.__getattr__ is torch.nn.Module.__getattr__
+                   and cls.__getattribute__ is object.__getattribute__
+                   and not any(name in vars(k) for k in cls.__mro__))
+        if len(_via_getattr) >= _VIA_GETATTR_MAX:
+            _via_getattr.clear()
+        _via_getattr[key] = reaches
     if reaches:
         own = module.__dict__
-        if name not in own:   # (the three groups in turn, written out: a loop took ~0.1 us more)
-            members = own.get("_parameters")
-            if members and name in members:
+        if name not in own:   # (the three in turn, as __getattr__ reads them; a loop took ~0.1 us more)
+            members = own.get("_parameters", _ABSENT)
+            if members is not _ABSENT and name in members:
                 return members[name]
-            members = own.get("_buffers")
-            if members and name in members:
+            members = own.get("_buffers", _ABSENT)
+            if members is not _ABSENT and name in members:
                 return members[name]
-            members = own.get("_modules")
-            if members and name in members:
+            members = own.get("_modules", _ABSENT)
+            if members is not _ABSENT and name in members:
                 return members[name]
     return getattr(module, name)
 
