@@ -293,9 +293,10 @@ def _spec_forward(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_b
     conv_out, idx, num_acc, qsl = _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf)
     query, key, value = layer.rearrange_mixed_qkv(conv_out)
     return sys.modules[_GDN].ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
-        A_log=_member(layer, "A_log"), dt_bias=_member(layer, "dt_bias"), q=query.squeeze(0), k=key.squeeze(0), v=value.squeeze(0),
-        a=a_spec, b=b_spec, initial_state_source=ssm_state, spec_state_indices=idx.contiguous(),
-        num_accepted_tokens=num_acc.contiguous(), cu_seqlens=qsl.contiguous(), use_qk_l2norm_in_kernel=True)
+        A_log=_member(layer, "A_log"), dt_bias=_member(layer, "dt_bias"),
+        q=query.squeeze(0), k=key.squeeze(0), v=value.squeeze(0), a=a_spec, b=b_spec, initial_state_source=ssm_state,
+        spec_state_indices=idx.contiguous(), num_accepted_tokens=num_acc.contiguous(), cu_seqlens=qsl.contiguous(),
+        use_qk_l2norm_in_kernel=True)
 
 
 def _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf):
