@@ -105,22 +105,30 @@ def _vllm_adapters():
     return _gv
 
 def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indices, is_weight_packed,
-               num_accepted_tokens=None):
+               num_accepted_tokens=None, query_start_loc=None):
     """gdn_attention._causal_conv1d_update_cpu: x (B, D) or (B, T, D) channels last, conv_states
-    (S, D, L) in either storage, pad -1; returns a new tensor like x."""
+    (S, D, L) in either storage, pad -1; returns a new tensor like x, padded requests' rows zeros.
+    With query_start_loc (int32, B + 1; the plugin's speculative conv, _spec_conv): x (N, D), and
+    conv_state_indices may be vLLM's (B, k) block table, whose column 0 is each request's slot.
+    One op call; where the op does not take it (a new out of 4 MiB or more, which the core takes
+    from memory it reuses) one core call; else gdnconv.vllm's full path."""
     gv = _gv or _vllm_adapters()
     if (is_weight_packed is True or is_weight_packed is False) and not gv._is_compiling():   # as one op call
         # (weight and bias as they come: the direct call reads vLLM's Parameter subclass in place)
         out = gv._core._op_update(gv._op_new, gv._op_into, x, conv_states, weight, bias, silu_activation,
                                   num_accepted_tokens, conv_state_indices, gv.PAD_SLOT_ID, None,
-                                  gv._OP_TOKENS_LAST | (gv._OP_PACKED if is_weight_packed else 0))
+                                  gv._OP_TOKENS_LAST | (gv._OP_PACKED if is_weight_packed else 0), query_start_loc)
         if out is not None:
             return out
     weight, bias = gv._plain(weight), gv._plain(bias)   # (once, for the try and the full path)
+    slots = conv_state_indices
+    if isinstance(slots, gv.torch.Tensor) and slots.dim() == 2:   # (the core takes the slots as a column)
+        slots = slots[:, 0].contiguous()
     try:     # the usual call, as gdnconv.vllm.causal_conv1d_update tries it, in the op's (B, T, D) order
         return gv._core._conv_update_vllm(x, conv_states, weight, bias,
                                           activation=silu_activation, num_accepted_tokens=num_accepted_tokens,
-                                          conv_state_indices=conv_state_indices, plain_tensors=True,
+                                          conv_state_indices=slots, query_start_loc=query_start_loc,
+                                          plain_tensors=True,
                                           tokens_last=True,   # a new out: padded requests' rows are zeros
                                           is_weight_packed=is_weight_packed)
     except (TypeError, ValueError):
@@ -128,10 +136,11 @@ def _update_op(*, x, conv_states, weight, bias, silu_activation, conv_state_indi
     out = gv.torch.zeros_like(x)        # rows of padded requests: zeros, as gdnconv's new outputs
     if x.dim() == 3:         # vLLM's C++ op takes (B, T, D); gdnconv.vllm reads vLLM's (B, D, T)
         gv.causal_conv1d_update(x.transpose(1, 2), conv_states, weight, bias, silu_activation, conv_state_indices,
-                                num_accepted_tokens, out=out.transpose(1, 2), is_weight_packed=is_weight_packed)
+                                num_accepted_tokens, query_start_loc, out=out.transpose(1, 2),
+                                is_weight_packed=is_weight_packed)
     else:
         gv.causal_conv1d_update(x, conv_states, weight, bias, silu_activation, conv_state_indices,
-                                num_accepted_tokens, out=out, is_weight_packed=is_weight_packed)
+                                num_accepted_tokens, query_start_loc, out=out, is_weight_packed=is_weight_packed)
     return out
 
 
@@ -301,39 +310,23 @@ def _spec_forward(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_b
 
 def _spec_conv(layer, attn_metadata_i, mixed_qkv_spec, conv_buf):
     """_spec_forward's conv: (its out, the step's block table, num_accepted_tokens and
-    query_start_loc as int32, for the recurrent kernel): one op call where the op takes it
-    (gdnconv.vllm's varlen call; benchmarks/bench_op.py times it)."""
+    query_start_loc as int32, for the recurrent kernel): _update_op's varlen call into a new out
+    (benchmarks/bench_op.py times it)."""
     import torch
-    gv = _gv or _vllm_adapters()
     n = attn_metadata_i.num_spec_decodes
     qsl = _int32_rows(attn_metadata_i.spec_query_start_loc, n + 1, torch)
     idx = _int32_rows(attn_metadata_i.spec_state_indices_tensor, n, torch)
     num_acc = _int32_rows(attn_metadata_i.num_accepted_tokens, n, torch)
     # a weight vLLM packed at load (its plain copy stashed beside it) goes in packed, for
     # gdnconv.vllm's kept float32 form of it; else vLLM's plain (D, W) view. The block table's
-    # column 0 is each request's slot (gdnconv.vllm's convention; the op reads it from the table);
-    # the call checks query_start_loc against the tokens
+    # column 0 is each request's slot (gdnconv.vllm's convention); the call checks
+    # query_start_loc against the tokens
     conv1d = _member(layer, "conv1d")
     packed = getattr(conv1d, "_cpu_unpacked_conv_weight", None) is not None
     weight = _member(conv1d, "weight") if packed else sys.modules[_GDN]._unpacked_conv_weight(layer)
-    silu, bias = layer.activation == "silu", _member(conv1d, "bias")
-    # into a new out, padded requests' rows zeros, as _update_op: one op call, else (a new out of
-    # 4 MiB or more, which the core takes from memory it reuses) one core call, else the full path
-    if not gv._is_compiling():
-        conv_out = gv._core._op_update(gv._op_new, gv._op_into, mixed_qkv_spec, conv_buf, weight, bias, silu,
-                                       num_acc, idx, gv.PAD_SLOT_ID, None, gv._OP_PACKED if packed else 0, qsl)
-        if conv_out is not None:
-            return conv_out, idx, num_acc, qsl
-    weight, bias = gv._plain(weight), gv._plain(bias)
-    try:
-        conv_out = gv._core._conv_update_vllm(mixed_qkv_spec, conv_buf, weight, bias, activation=silu,
-                                              num_accepted_tokens=num_acc, query_start_loc=qsl,
-                                              conv_state_indices=(idx[:, 0] if idx.dim() == 2 else idx).contiguous(),
-                                              plain_tensors=True, is_weight_packed=packed)
-    except (TypeError, ValueError):
-        conv_out = torch.zeros_like(mixed_qkv_spec)
-        gv.causal_conv1d_update(mixed_qkv_spec, conv_buf, weight, bias, silu, idx, num_acc, qsl, out=conv_out,
-                                is_weight_packed=packed)
+    conv_out = _update_op(x=mixed_qkv_spec, conv_states=conv_buf, weight=weight, bias=_member(conv1d, "bias"),
+                          silu_activation=layer.activation == "silu", conv_state_indices=idx,
+                          is_weight_packed=packed, num_accepted_tokens=num_acc, query_start_loc=qsl)
     return conv_out, idx, num_acc, qsl
 
 
