@@ -31,7 +31,7 @@ import torch
 import gdnconv
 import gdnconv.vllm as gv
 import gdnconv.vllm_plugin as vp
-from harness import sample_ns, vllm_weight
+from harness import sample_ns, vllm_layer, vllm_weight
 
 REGIMES = {"grad": contextlib.nullcontext, "no_grad": torch.no_grad, "inference": torch.inference_mode}
 
@@ -62,18 +62,7 @@ def calls(B, D, T, regime, weight):
                 num_spec_decodes=B, spec_query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32),
                 spec_state_indices_tensor=torch.stack([idx] * T, 1), num_accepted_tokens=na)
             tokens = x.reshape(B * T, D)
-        # the layer as vLLM holds it: modules, the bias a registered None, the weight a registered
-        # parameter where it is one (--weight subclass), the stash of the plain weight an attribute
-        conv1d = torch.nn.Module()
-        if isinstance(w, torch.nn.Parameter):
-            conv1d.register_parameter("weight", w)
-        else:
-            conv1d.weight = w
-        conv1d.register_parameter("bias", None)
-        conv1d._cpu_unpacked_conv_weight = True
-        layer = torch.nn.Module()
-        layer.conv1d = conv1d
-        layer.activation = "silu"
+        layer = vllm_layer(w, None, True)   # (as vLLM holds it: modules, the bias a registered None)
         fns["plugin, spec varlen"] = lambda: vp._spec_conv(layer, meta, tokens, st)
     return fns
 

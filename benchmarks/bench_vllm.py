@@ -52,7 +52,7 @@ import numpy as np
 from gdnconv.reference import conv_update_multi_ref, magnitude
 from gdnconv.testing import as_torch, error_ratio
 from gdnconv.timing import BUSY_PCT, CpuMeter, wait_quiet
-from harness import Rotation, add_mode_arguments, calibrate, copy_same_bytes, cycle, sample_ns
+from harness import Rotation, add_mode_arguments, calibrate, copy_same_bytes, cycle, sample_ns, vllm_layer
 
 W_VLLM = 4   # the only width vLLM's CPU kernel implements
 
@@ -144,24 +144,12 @@ class Peer:
         ``_spec_forward``: a module whose ``conv1d`` submodule holds the packed weight (a
         registered parameter where it is a Parameter, as vLLM's ``ModelWeightParameter``, with
         ``--vllm-weights parameter``), the bias (no bias: a registered None, as vLLM's) and the
-        plain weight beside it, as vLLM keeps them;
+        plain weight beside it, as vLLM keeps them (harness.vllm_layer);
         the step's query_start_loc, (B, T) block table of slots and num_accepted_tokens (int32);
         the tokens (N, D)."""
         import types
         B, T, D, torch = self.B, self.T, self.D, self.torch
-        conv1d = torch.nn.Module()
-        if isinstance(self.wv, torch.nn.Parameter):
-            conv1d.register_parameter("weight", self.wv)
-        else:
-            conv1d.weight = self.wv
-        if self.bt is None:   # vLLM's conv1d is a linear layer built without bias: a registered None
-            conv1d.register_parameter("bias", None)
-        else:
-            conv1d.bias = self.bt
-        conv1d._cpu_unpacked_conv_weight = self.wt   # (vLLM stashes a clone: a plain tensor, not registered)
-        layer = torch.nn.Module()
-        layer.conv1d = conv1d
-        layer.activation = "silu" if self.silu else None
+        layer = vllm_layer(self.wv, self.bt, self.wt, "silu" if self.silu else None)
         meta = types.SimpleNamespace(num_spec_decodes=B,
                                      spec_query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32),
                                      spec_state_indices_tensor=torch.stack([self.idxt] * T, 1),

@@ -108,6 +108,29 @@ def vllm_weight(t):
     return _VLLM_WEIGHT[0](t, requires_grad=False)
 
 
+def vllm_layer(weight, bias, unpacked, activation="silu"):
+    """A GDN layer as vLLM 0.32's engine holds it, for the plugin's speculative conv: modules,
+    ``layer.conv1d`` a submodule whose weight is a registered parameter where it is a Parameter
+    (vllm_weight), else an attribute; its bias a registered None where there is none (vLLM's conv1d
+    is a linear layer built without bias), else an attribute; ``_cpu_unpacked_conv_weight`` (the
+    stash of the plain weight: vLLM stores a clone, a plain tensor) an attribute."""
+    import torch
+    conv1d = torch.nn.Module()
+    if isinstance(weight, torch.nn.Parameter):
+        conv1d.register_parameter("weight", weight)
+    else:
+        conv1d.weight = weight
+    if bias is None:
+        conv1d.register_parameter("bias", None)
+    else:
+        conv1d.bias = bias
+    conv1d._cpu_unpacked_conv_weight = unpacked
+    layer = torch.nn.Module()
+    layer.conv1d = conv1d
+    layer.activation = activation
+    return layer
+
+
 def cycle(calls, turn=None):
     """One no-argument callable that calls ``calls[0]``, ``calls[1]``, ... in turn.
     ``turn``, an iterator of indices (``itertools.cycle(range(n))``), may be shared by the
