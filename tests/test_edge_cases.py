@@ -76,6 +76,22 @@ def test_many_requests_across_units(isa, rng, D):
         run_and_check(c, num_threads=n, rng=rng)
 
 
+def check_one_and_two_threads(call, rng):
+    """call on one thread and on two (every call size split), each against the reference,
+    and the two bit for bit alike."""
+    previous = gdnconv._core._set_parallel_min_bytes(0)
+    try:
+        outs, states = [], []
+        for n in (1, 2):
+            c = dict(call, conv_state=call["conv_state"].copy())
+            outs.append(run_and_check(c, num_threads=n, rng=rng)[0])
+            states.append(c["conv_state"])
+    finally:
+        gdnconv._core._set_parallel_min_bytes(previous)
+    assert_bits_equal(outs[1], outs[0], "out, two threads against one")
+    assert_bits_equal(states[1], states[0], "conv_state, two threads against one")
+
+
 @pytest.mark.parametrize("D,B,dtype,mode,layout", [
     (8192, 2, "bf16", "plain", "SD"),    # two threads, 16 channel blocks each; bf16 weights
     (4100, 3, "bf16", "spec", "DS"),     # 17 blocks: ranges of 9 and 8, time-contiguous state
@@ -90,17 +106,25 @@ def test_channel_ranges_per_thread(isa, rng, D, B, dtype, mode, layout):
     call = make_call(rng, dtype=dtype, W=4, D=D, T=1 if mode == "plain" else 3, B=B, mode=mode,
                      batching="fixed" if mode == "plain" else "varlen", pads=B > 2,
                      state_layout=layout, wkind="same" if B <= 2 else "packed")
-    previous = gdnconv._core._set_parallel_min_bytes(0)
-    try:
-        outs, states = [], []
-        for n in (1, 2):
-            c = dict(call, conv_state=call["conv_state"].copy())
-            outs.append(run_and_check(c, num_threads=n, rng=rng)[0])
-            states.append(c["conv_state"])
-    finally:
-        gdnconv._core._set_parallel_min_bytes(previous)
-    assert_bits_equal(outs[1], outs[0], "out, two threads against one")
-    assert_bits_equal(states[1], states[0], "conv_state, two threads against one")
+    check_one_and_two_threads(call, rng)
+
+
+@pytest.mark.parametrize("D", [511, 513, 1100, 4100])
+@pytest.mark.parametrize("dtype,W,layout,wkind", [
+    ("bf16", 4, "SD", "packed"),   # in place (sd_direct), pack_weight's fp32 weight
+    ("bf16", 4, "DS", "same"),     # time-contiguous in place (tc_t1), weights converted per unit
+    ("fp32", 8, "DS", "same"),     # staged: channel stride 7, the staging buffer's largest rows
+    ("fp16", 3, "SD", "same"),
+])
+def test_plain_decode_units_of_512_channels(isa, rng, D, dtype, W, layout, wkind):
+    """Plain decode of one token a request runs in units of 512 channels, speculative calls in
+    units of 256 (update.c's unit_channels), which unit_of, the kernels' buffers and their
+    prefetch of the next unit follow: D short of, just past and across several such units, a
+    tail that is no whole line, pads, one and two threads (request ranges, and channel ranges
+    per thread at D = 4100), checked against the reference and bit for bit across threads."""
+    call = make_call(rng, dtype=dtype, W=W, D=D, T=1, B=5, mode="plain", pads=True,
+                     state_layout=layout, wkind=wkind)
+    check_one_and_two_threads(call, rng)
 
 
 def test_more_requests_than_slots_when_padded(isa, rng):

@@ -128,6 +128,9 @@ typedef struct gdn_update_params {
      * of channel blocks, one range per thread (update.c), which the kernels' prefetch of
      * the next unit follows. */
     int64_t channel_groups;
+    /* Set by gdn_update_run on its own copy too: channels per unit of work (update.c's
+     * unit_channels), a multiple of 64. */
+    int64_t block_channels;
 } gdn_update_params;
 
 /* Validation of the index arrays before any write (with initial_state_indices: read

@@ -129,8 +129,8 @@ static void unit_of(const update_run *run, int64_t u, int64_t *r0, int64_t *bloc
 static void run_unit(const update_run *run, const gdn_update_params *p, int64_t u) {
     int64_t r0, block;
     unit_of(run, u, &r0, &block);
-    const int64_t c0 = block * GDN_BLOCK_CHANNELS;
-    const int64_t c1 = c0 + GDN_BLOCK_CHANNELS < p->dim ? c0 + GDN_BLOCK_CHANNELS : p->dim;
+    const int64_t c0 = block * p->block_channels;
+    const int64_t c1 = c0 + p->block_channels < p->dim ? c0 + p->block_channels : p->dim;
     const int64_t r1 = r0 + run->per_unit < p->batch ? r0 + run->per_unit : p->batch;
     /* a state read from another slot: the window's rows copied to the write slot first,
      * this unit's channels only, so the kernel rolls it in place (validation keeps every
@@ -178,8 +178,8 @@ static void run_range(void *ctx, int64_t u0, int64_t u1) {
     }
     for (int64_t u = u0; u < u1; u++) {
         if (scratch && u - u0 < run->blocks) {   /* (converting: channel_groups is 1) */
-            const int64_t c0 = (u % run->blocks) * GDN_BLOCK_CHANNELS;
-            const int64_t c1 = c0 + GDN_BLOCK_CHANNELS < p->dim ? c0 + GDN_BLOCK_CHANNELS : p->dim;
+            const int64_t c0 = (u % run->blocks) * p->block_channels;
+            const int64_t c1 = c0 + p->block_channels < p->dim ? c0 + p->block_channels : p->dim;
             run->isa->update_fill(p, c0, c1, scratch + c0, p->dim, scratch + p->width * p->dim + c0);
         }
         run_unit(run, scratch ? &q : p, u);
@@ -228,17 +228,32 @@ static void pick_kernel(const gdn_update_params *p, update_run *run) {
     last_isa = run->isa->name;
 }
 
+/* Channels per unit: twice GDN_BLOCK_CHANNELS for plain decode of one token a request,
+ * whose units of 256 channels are only 8 AVX-512 line steps, so that what a unit costs
+ * besides its steps (the calls down to the kernel, its set-up, the next unit's rows, the
+ * time-contiguous plan) is paid half as often. benchmarks/README.md (stop 58, with the
+ * plain requests' own prefetch dropped): bf16 W=4, 2 threads, 32 layers, D=8192 B=16
+ * 44.7 -> 41.8 us, D=2048 B=64 43.9 -> 40.1; warm, one thread, D=8192 B=16 67.3 -> 57.2;
+ * the time-contiguous state D=8192 B=16 51.5 -> 44.5. Speculative calls keep 256
+ * (512 units: D=2048 B=4 9.6 -> 10.2 us, time-contiguous D=8192 B=16 163 -> 169). */
+static int64_t unit_channels(const gdn_update_params *p) {
+    return !p->num_accepted_tokens && !p->query_start_loc && p->seqlen == 1 ? GDN_BLOCK_CHANNELS_MAX
+                                                                           : GDN_BLOCK_CHANNELS;
+}
+
 void gdn_update_run(const gdn_update_params *p, int num_threads) {
     update_run run;
-    run.p = p;
-    pick_kernel(p, &run);
+    gdn_update_params q = *p;
+    q.block_channels = unit_channels(p);
+    run.p = &q;
+    pick_kernel(&q, &run);
     /* Requests per unit: the SIMD kernels are memory-bound at large batches and take
      * one, so a thread streams through one request's ~2T+L rows at a time, which the
      * hardware prefetchers follow (B=64, bf16: 862 against 1149 us with 8 requests
      * per unit, interleaved); the portable kernel is compute-bound and converts its
      * weights once for the GDN_BLOCK_REQUESTS requests of a unit (7% faster at B=16). */
     run.per_unit = run.isa->update_requests_per_unit;
-    run.blocks = (p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS;
+    run.blocks = (p->dim + q.block_channels - 1) / q.block_channels;
     const int64_t units = (p->batch + run.per_unit - 1) / run.per_unit * run.blocks;
     const gdn_team team = gdn_threads_for(num_threads, units, gdn_update_bytes(p));
     run.convert = run.isa->update_fill && p->batch > team.n && p->batch > 1 &&
@@ -249,10 +264,8 @@ void gdn_update_run(const gdn_update_params *p, int num_threads) {
      * D=8192, 2 threads, 32 layers B=2 9.6 -> 8.6 us, B=4 14.6 -> 14.3, from DRAM B=4
      * 23.6 -> 20.5; ranges of 2 KiB (D=2048) put the two threads on neighbouring lines
      * and slowed B=16 1.3x. */
-    gdn_update_params q = *p;
     q.channel_groups = team.n > 1 && run.per_unit == 1 && !run.convert && p->batch <= 4 * team.n &&
                                run.blocks >= team.n && p->dim * gdn_elsize(p->dtype) >= 4096 * team.n
                            ? team.n : 1;
-    run.p = &q;
     gdn_parallel_for(team, units, run_range, &run);
 }

@@ -7,10 +7,12 @@
 
 #include "convert.h"
 
-/* Channels per unit of work (a multiple of 64), and requests per unit of the
- * portable kernel, which converts the weights of a chunk once for all of them
- * (SIMD units hold one request: see update.c). */
+/* Channels per unit of work (multiples of 64): GDN_BLOCK_CHANNELS, or up to
+ * GDN_BLOCK_CHANNELS_MAX (update.c's unit_channels; the kernels' buffers hold that many),
+ * and requests per unit of the portable kernel, which converts the weights of a chunk
+ * once for all of them (SIMD units hold one request: see update.c). */
 #define GDN_BLOCK_CHANNELS 256
+#define GDN_BLOCK_CHANNELS_MAX 512
 #define GDN_BLOCK_REQUESTS 8
 #define GDN_SLAB 8  /* tokens the SIMD update stages at a time (update_simd.h) */
 

@@ -27,7 +27,7 @@
 #ifndef LANES
 #error "update_simd.h: include an ISA's simd_<isa>.h first"
 #endif
-#if LANES < 4 || GDN_BLOCK_CHANNELS % (4 * LANES) != 0
+#if LANES < 4 || GDN_BLOCK_CHANNELS % (4 * LANES) != 0 || GDN_BLOCK_CHANNELS_MAX % GDN_BLOCK_CHANNELS != 0
 #error "update_simd.h needs LANES >= 4 and blocks of whole line steps"
 #endif
 #ifndef GDN_SIMD_OPAQUE
@@ -190,7 +190,7 @@ GDN_INLINE void simd_next_rows(const gdn_update_params *p, int64_t i, int64_t c0
 #if GDN_PF_AHEAD > 0
     /* the next unit in update.c's order (unit_of): the next block of this request's
      * range of blocks, or the range's first block of the next request */
-    const int64_t blocks = (p->dim + GDN_BLOCK_CHANNELS - 1) / GDN_BLOCK_CHANNELS, b = c0 / GDN_BLOCK_CHANNELS;
+    const int64_t bc = p->block_channels, blocks = (p->dim + bc - 1) / bc, b = c0 / bc;
     int64_t g0 = 0, g1 = blocks;
     if (p->channel_groups > 1) {   /* (no division per unit otherwise) */
         const int64_t per = (blocks + p->channel_groups - 1) / p->channel_groups;
@@ -200,15 +200,15 @@ GDN_INLINE void simd_next_rows(const gdn_update_params *p, int64_t i, int64_t c0
     if (ni >= p->batch) return;
     const gdn_request r = gdn_get_request(p, ni);
     if (r.skip) return;
-    const int64_t e = gdn_elsize(p->dtype), c = nb * GDN_BLOCK_CHANNELS;
+    const int64_t e = gdn_elsize(p->dtype), c = nb * bc;
     const int64_t sd = p->state_stride_d, sl = p->state_stride_l * e;
     const int H = p->width - 1, nt = r.T < GDN_SLAB ? (int)r.T : GDN_SLAB;
     int n = 0;
     for (int j = 0; j < nt; j++) nx->row[n++] = r.x + e * (c + j * p->x_stride_t);
     if (sd == 1) {
         for (int k = 0; k < H; k++) nx->row[n++] = r.state + e * c + (r.off + k) * sl;
-    } else {   /* the block's sd * GDN_BLOCK_CHANNELS elements as sd rows of GDN_BLOCK_CHANNELS */
-        for (int k = 0; k < sd && k < GDN_MAX_WIDTH + 1; k++) nx->row[n++] = r.state + e * (c * sd + k * GDN_BLOCK_CHANNELS);
+    } else {   /* the block's sd * bc elements as sd rows of bc */
+        for (int k = 0; k < sd && k < GDN_MAX_WIDTH + 1; k++) nx->row[n++] = r.state + e * (c * sd + k * bc);
     }
     nx->nr = n;
     for (int j = 0; j < nt; j++) nx->row[n++] = r.out + e * (c + j * p->out_stride_t);
@@ -327,9 +327,10 @@ GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, in
  * every token is read before any output is written). The staging buffer keeps the ~2T+L
  * rows a request touches (often 4 KiB apart, one L1 set) from thrashing L1, but within
  * one line step each of them is read or written once here, and the staging copies took
- * 5-15% of a warm call (benchmarks/README.md, stops 42-43). The request's rows are
- * prefetched first (those it only writes for writing), as the staged path's row copies
- * stream them. */
+ * 5-15% of a warm call (benchmarks/README.md, stops 42-43). A speculative request's rows
+ * are prefetched first (those it only writes for writing), as the staged path's row
+ * copies stream them; a plain request's few rows are not (the previous unit prefetched
+ * them, and the hardware's streams follow them: stop 58, cold 0.95-1.01x). */
 GDN_INLINE void sd_direct_T(const gdn_update_params *p, const gdn_request *r, int64_t c0, int64_t nline,
                             const simd_weights *wt, const simd_next *nx, const int NV, const int dt, const int W,
                             const int silu, const int WP, const int spec, const int T) {
@@ -339,7 +340,7 @@ GDN_INLINE void sd_direct_T(const gdn_update_params *p, const gdn_request *r, in
     char *st = r->state + e * c0;
     const char *x = r->x + e * c0;
     char *os = r->out + e * c0;
-    for (int64_t o = 0; o < nline * e; o += 64) {
+    for (int64_t o = 0; spec && o < nline * e; o += 64) {
         for (int k = 0; k < H; k++) SIMD_PREFETCH_R(st + (off + k) * sl + o);
         for (int t = 0; t < T; t++) SIMD_PREFETCH_R(x + t * xt + o);
         for (int t = 0; spec && t < T; t++) SIMD_PREFETCH_W(os + t * ot + o);
@@ -588,9 +589,9 @@ GDN_INLINE void simd_unit(const gdn_update_params *p, int64_t r0, int64_t r1, in
     const int64_t xt = p->x_stride_t * e, ot = p->out_stride_t * e;
     const int NV = ve >= 64 ? 1 : 64 / ve > 4 ? 4 : (int)(64 / ve);  /* vectors per line step */
     const int64_t step = NV * LANES, nline = (c1 - c0) / step * step, bytes = nline * e;
-    const int64_t bs = GDN_BLOCK_CHANNELS * e;       /* buf row stride */
+    const int64_t bs = p->block_channels * e;        /* buf row stride */
     const int spec = p->num_accepted_tokens != NULL;
-    GDN_ALIGN64 char buf[(GDN_MAX_WIDTH - 1 + GDN_SLAB) * GDN_BLOCK_CHANNELS * 4];
+    GDN_ALIGN64 char buf[(GDN_MAX_WIDTH - 1 + GDN_SLAB) * GDN_BLOCK_CHANNELS_MAX * 4];
 #ifdef TC_T1
     /* short decode of a time-contiguous state: in place (tc_t1_unit), in groups of 32
      * channels. fp32 line steps are 16 channels: a unit whose line steps end half way
@@ -750,8 +751,8 @@ GDN_INLINE void simd_kernel(const gdn_update_params *p, int64_t r0, int64_t r1, 
     /* fp32 weights with unit channel stride (pack_weight's layout, or the call's
      * converted copy: see update.c) and vLLM's packed bf16 weight are read in place;
      * any other weights are converted once per unit, tap-major. */
-    GDN_ALIGN64 float wbuf[GDN_MAX_WIDTH][GDN_BLOCK_CHANNELS];
-    GDN_ALIGN64 float bbuf[GDN_BLOCK_CHANNELS];
+    GDN_ALIGN64 float wbuf[GDN_MAX_WIDTH][GDN_BLOCK_CHANNELS_MAX];
+    GDN_ALIGN64 float bbuf[GDN_BLOCK_CHANNELS_MAX];
     simd_weights wt = {{NULL}, NULL, bbuf};
     const int64_t nvec = (c1 - c0) / LANES * LANES;
     if (gdn_weight_f32_rows(p)) {
@@ -771,7 +772,7 @@ GDN_INLINE void simd_kernel(const gdn_update_params *p, int64_t r0, int64_t r1, 
         }
         return;
     } else {
-        simd_fill(p, c0, c0 + nvec, &wbuf[0][0], GDN_BLOCK_CHANNELS, bbuf);
+        simd_fill(p, c0, c0 + nvec, &wbuf[0][0], GDN_BLOCK_CHANNELS_MAX, bbuf);
         for (int64_t k = 0; k < p->width; k++) wt.row[k] = wbuf[k];
     }
     if (bf16_native) {
