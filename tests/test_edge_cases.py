@@ -110,19 +110,20 @@ def test_channel_ranges_per_thread(isa, rng, D, B, dtype, mode, layout):
 
 
 @pytest.mark.parametrize("D", [511, 513, 1100, 4100])
-@pytest.mark.parametrize("dtype,W,layout,wkind", [
-    ("bf16", 4, "SD", "packed"),   # in place (sd_direct), pack_weight's fp32 weight
-    ("bf16", 4, "DS", "same"),     # time-contiguous in place (tc_t1), weights converted per unit
-    ("fp32", 8, "DS", "same"),     # staged: channel stride 7, the staging buffer's largest rows
-    ("fp16", 3, "SD", "same"),
+@pytest.mark.parametrize("dtype,W,layout,wkind,B", [
+    ("bf16", 4, "SD", "packed", 5),   # in place (sd_direct), pack_weight's fp32 weight read in place
+    ("bf16", 4, "DS", "same", 5),     # time-contiguous in place (tc_t1), weights converted once per thread
+    ("fp32", 8, "DS", "same", 5),     # staged: channel stride 7, the staging buffer's largest rows
+    ("fp16", 3, "SD", "same", 5),
+    ("bf16", 4, "SD", "same", 2),     # on two threads the weights converted per unit (simd_kernel's wbuf)
 ])
-def test_plain_decode_units_of_512_channels(isa, rng, D, dtype, W, layout, wkind):
+def test_plain_decode_units_of_512_channels(isa, rng, D, dtype, W, layout, wkind, B):
     """Plain decode of one token a request runs in units of 512 channels, speculative calls in
     units of 256 (update.c's unit_channels), which unit_of, the kernels' buffers and their
     prefetch of the next unit follow: D short of, just past and across several such units, a
     tail that is no whole line, pads, one and two threads (request ranges, and channel ranges
     per thread at D = 4100), checked against the reference and bit for bit across threads."""
-    call = make_call(rng, dtype=dtype, W=W, D=D, T=1, B=5, mode="plain", pads=True,
+    call = make_call(rng, dtype=dtype, W=W, D=D, T=1, B=B, mode="plain", pads=B > 2,
                      state_layout=layout, wkind=wkind)
     check_one_and_two_threads(call, rng)
 

@@ -392,9 +392,10 @@ def vllm_packed(w):
 def test_vllm_packed_weight(isa, rng, dtype, mode, layout):
     """is_weight_packed=True: a weight in vLLM's packed layout gives the bits of its plain weight
     (which the reference checks) on every ISA: bf16 read in place by the SIMD kernels, fp16 and
-    fp32 converted; one token and varlen with pads; channel- and time-contiguous states; D = 288,
-    a whole channel block and part of the next; and the prefill."""
-    D, W = 288, 4
+    fp32 converted; one token and varlen with pads; channel- and time-contiguous states; D = 544,
+    a whole unit of channels and part of the next (units of 512 in one-token plain decode, 256
+    otherwise); and the prefill."""
+    D, W = 544, 4
     for T, batching in ((1, "fixed"), (3, "varlen")):
         call = make_call(rng, dtype=dtype, W=W, D=D, T=T, B=3, mode=mode, batching=batching, pads=True,
                          state_layout=layout)

@@ -329,8 +329,10 @@ GDN_INLINE void simd_lines(const char *buf, int64_t bs, char *os, int64_t ot, in
  * one line step each of them is read or written once here, and the staging copies took
  * 5-15% of a warm call (benchmarks/README.md, stops 42-43). A speculative request's rows
  * are prefetched first (those it only writes for writing), as the staged path's row
- * copies stream them; a plain request's few rows are not (the previous unit prefetched
- * them, and the hardware's streams follow them: stop 58, cold 0.95-1.01x). */
+ * copies stream them; a plain request's few rows are not (the previous unit's prefetch of
+ * the next unit issued them, but for a thread's first unit, one after a pad and one after a
+ * last block shorter than its own; and the hardware's streams follow them: stop 58, cold
+ * 0.95-1.01x). */
 GDN_INLINE void sd_direct_T(const gdn_update_params *p, const gdn_request *r, int64_t c0, int64_t nline,
                             const simd_weights *wt, const simd_next *nx, const int NV, const int dt, const int W,
                             const int silu, const int WP, const int spec, const int T) {
@@ -343,8 +345,8 @@ GDN_INLINE void sd_direct_T(const gdn_update_params *p, const gdn_request *r, in
     for (int64_t o = 0; spec && o < nline * e; o += 64) {
         for (int k = 0; k < H; k++) SIMD_PREFETCH_R(st + (off + k) * sl + o);
         for (int t = 0; t < T; t++) SIMD_PREFETCH_R(x + t * xt + o);
-        for (int t = 0; spec && t < T; t++) SIMD_PREFETCH_W(os + t * ot + o);
-        for (int k = 0; spec && k < W - 2 + T; k++)   /* the roll's rows outside the window */
+        for (int t = 0; t < T; t++) SIMD_PREFETCH_W(os + t * ot + o);
+        for (int k = 0; k < W - 2 + T; k++)   /* the roll's rows outside the window */
             if (k < off || k >= off + H) SIMD_PREFETCH_W(st + k * sl + o);
     }
     for (int64_t c = 0; c < nline; c += step) {
